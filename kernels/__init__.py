@@ -1,0 +1,1 @@
+"""Verification kernels, each beside its torch reference. Imported as ``specdec_cli.kernels``."""
