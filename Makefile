@@ -30,7 +30,7 @@ demo: models-demo
 	$(BIN)/specdec verify-kernel --mode exact --vocab 32000 --gamma 5 --samples 20000
 
 test: models-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider  # not `python -m`: that would put ./kernels on sys.path
 
 bench: models-demo
 	$(BIN)/specdec bench --task synthetic
