@@ -31,3 +31,66 @@ class Verified:
     out_tokens: torch.Tensor  # int64 [B, γ+1], −1 after the emitted tokens
     num_accepted: torch.Tensor  # int64 [B]
     backend: str  # "torch" | "triton" | "triton-interpreter"
+
+
+def _use_triton(backend: str, device: torch.device) -> bool:
+    if backend == "auto":
+        return device.type == "cuda"
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend must be auto, torch or triton, not {backend!r}")
+    return backend == "triton"
+
+
+def verify(
+    mode: str,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_logits: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    draft_logits: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    alpha: float = -1e4,
+    beta: float = 1e4,
+    backend: str = "auto",
+) -> Verified:
+    """Verify one step of γ draft tokens for B sequences (shapes: the module docstring).
+
+    backend: "auto" (Triton on CUDA, torch on CPU), "torch", or "triton" (compiled on CUDA, the Triton
+    interpreter on CPU: slow, for checking the kernel code itself). reference and baseline are torch only.
+
+    >>> B, g, V = 1, 2, 4
+    >>> toks = torch.tensor([[1, 2]]); q = torch.full((B, g, V), 0.25); z = torch.zeros(B, g + 1, V)
+    >>> verify("exact", toks, q, z, torch.ones(B, g + 1)).num_accepted   # p == q: always accepted
+    tensor([2])
+    """
+    from specdec_cli import kernels
+    from specdec_cli.kernels import baseline, exact, reference, sigmoid
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "reference":
+        return Verified(*reference.verify_reference(draft_tokens, draft_probs, target_logits, uniforms, temperature), "torch")
+    if mode == "baseline":
+        out = baseline.verify_baseline(draft_tokens, draft_probs, target_logits, uniforms, temperature, draft_logits)
+        return Verified(*out, "torch")
+    triton = _use_triton(backend, target_logits.device)
+    name = kernels.triton_backend_name() if triton else "torch"
+    if mode == "exact":
+        fn = exact.verify_exact_triton if triton else exact.verify_exact_torch
+        return Verified(*fn(draft_tokens, draft_probs, target_logits, uniforms, temperature), name)
+    if draft_logits is None:
+        raise ValueError("sigmoid verification needs draft_logits")
+    fn = sigmoid.verify_sigmoid_triton if triton else sigmoid.verify_sigmoid_torch
+    return Verified(*fn(draft_tokens, draft_logits, target_logits, uniforms, temperature, alpha, beta), name)
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verified:
+    """Temperature 0: accept while the draft token is the target's argmax (kernels/reference.py)."""
+    from specdec_cli.errors import NonFiniteLogitsError
+    from specdec_cli.kernels.reference import verify_greedy as greedy
+
+    top = target_logits.amax(dim=-1)  # [B, γ+1]; NaN or +inf anywhere in a row shows up here
+    if not torch.isfinite(top).all():
+        raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")
+    return Verified(*greedy(draft_tokens, target_logits), "torch")

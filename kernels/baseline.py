@@ -1,0 +1,44 @@
+"""Verification the way Hugging Face transformers does it (`_speculative_sampling`), the paper's
+baseline: softmax of both models over the whole vocabulary, ratios of gathered probabilities, the
+normalised residual of the rejected row, and `torch.multinomial` for the draw.
+
+Two differences from transformers, both needed to hold it against the other implementations: the
+acceptance uniforms are inputs (u[:, :γ]) instead of `torch.rand`, and the multinomial draw uses a
+generator seeded from u[:, γ], so the result is a deterministic function of the inputs (the same
+accept/reject decisions as the reference; the drawn token from the same distribution, but not the same
+draw). A zero draft probability is never accepted (transformers would accept it: p/0 = inf). Batched.
+"""
+
+import torch
+
+
+def verify_baseline(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0, draft_logits=None):
+    B, gamma = draft_tokens.shape
+    rows = torch.arange(B, device=draft_tokens.device)[:, None]  # [B, 1]
+    cols = torch.arange(gamma, device=draft_tokens.device)[None, :]  # [1, γ]
+    # full softmax of both models, as transformers does
+    q = draft_probs.float() if draft_logits is None else (draft_logits.float() / temperature).softmax(dim=-1)  # [B, γ, V]
+    p = (target_logits.float() / temperature).softmax(dim=-1)  # [B, γ+1, V]
+    if torch.isnan(p).any():
+        from specdec_cli.errors import NonFiniteLogitsError
+
+        raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")
+    p_i = p[rows, cols, draft_tokens]  # [B, γ]
+    q_i = q[rows, cols, draft_tokens]  # [B, γ]
+    is_accepted = (uniforms[:, :gamma] * q_i <= p_i) & (q_i > 0)  # u ≤ p/q, written without dividing
+    n_matches = ((~is_accepted).cumsum(dim=-1) < 1).sum(dim=-1)  # [B]
+
+    p_next = p[rows[:, 0], n_matches]  # [B, V]
+    q_next = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows[:, 0], n_matches]  # [B, V]; 0 at the bonus row
+    p_prime = torch.clamp(p_next - q_next, min=0)  # [B, V]
+    p_prime_sum = p_prime.sum(dim=-1, keepdim=True)
+    p_prime = torch.where(p_prime_sum > 0, p_prime / p_prime_sum, p_next)  # p == q: fall back to p
+
+    generator = torch.Generator(device=p.device)
+    generator.manual_seed(int(uniforms[:, gamma].double().sum().item() * 2**52))
+    t = torch.multinomial(p_prime, num_samples=1, generator=generator)[:, 0]  # [B]
+
+    out_tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)
+    out_tokens[:, :gamma] = torch.where(cols < n_matches[:, None], draft_tokens, -1)
+    out_tokens[rows[:, 0], n_matches] = t
+    return out_tokens, n_matches

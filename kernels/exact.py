@@ -1,0 +1,365 @@
+"""Exact verification: a fused Triton kernel and the same math in torch (the CPU path).
+
+The rule is kernels/reference.py's. What this adds is how little it reads:
+  - acceptance needs two gathered scalars per draft position, p(x_c) and q(x_c), and p(x_c) needs only
+    the row's log-sum-exp:  p(x) = exp(z(x)/T − lse),  lse = logsumexp(z/T)  (softmax fused, online);
+  - only one row per sequence is resampled (the first rejection, or the bonus row), so only that row
+    is read a second time, together with its draft row;
+  - that row's draw is an inverse CDF over unnormalised weights (a = max(0, p − q), or p): one
+    reduction gives Σ a, a second pass over one split of the row finds the token. Sums in fp64.
+Memory traffic for B sequences: read B·(γ+1)·V target logits once, plus one target row and one draft row
+per sequence; write B·(γ+1) tokens. No host synchronisation between the three launches.
+
+Triton grid (the paper's grid over (batch, draft position) with the vocabulary tiled in blocks of n,
+plus a split of each row over several programs so that B = 1 still fills the GPU):
+  1. _row_stats_kernel      (B·(γ+1), SPLITS): running max and Σ exp over one split of one row
+  2. _accept_weights_kernel (B, SPLITS):       lse per row, accept/reject from gathered scalars, first
+                                               rejection n, Σ of the draw's weights over one split of row n
+  3. _draw_kernel           (B,):              find the split, then the token, where the running sum of
+                                               the weights reaches u·Σ; write tokens and counts
+The sigmoid approximation (kernels/sigmoid.py) reuses stages 2 and 3 with SIGMOID=True: its p̂, q̂ are
+elementwise, so stage 1 is not needed at all.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec_cli.errors import NonFiniteLogitsError
+
+from . import triton_backend_name
+
+# ----------------------------------------------------------------------------------------------------
+# torch path (the CPU backend): same decisions as the reference, vectorised over the batch
+
+
+def _first_rejection(accepted):
+    """accepted [B, γ] bool -> n [B]: the number of leading accepted positions."""
+    return accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def draw_from_weights(weights, u):
+    """weights [B, V] >= 0 (unnormalised), u [B] in (0, 1] -> [B]: the first token whose running sum
+    reaches u · Σ weights. Zero-weight tokens are never drawn (the running sum does not move there)."""
+    cdf = weights.double().cumsum(dim=-1)  # [B, V]
+    threshold = u.double()[:, None] * cdf[:, -1:]  # [B, 1]
+    return torch.searchsorted(cdf, threshold, side="left").clamp_(max=cdf.shape[-1] - 1)[:, 0]
+
+
+def assemble(draft_tokens, n, token):
+    """out_tokens [B, γ+1]: the n accepted draft tokens, then `token`, then −1."""
+    B, gamma = draft_tokens.shape
+    out = torch.full((B, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)
+    cols = torch.arange(gamma, device=draft_tokens.device)[None, :]  # [1, γ]
+    out[:, :gamma] = torch.where(cols < n[:, None], draft_tokens, -1)
+    out.scatter_(1, n[:, None], token[:, None])
+    return out
+
+
+def check_finite(lse):
+    """lse [B, R]: NaN if a row had NaN, +inf if it had +inf, −inf if every token was masked."""
+    if not torch.isfinite(lse).all():
+        bad = lse[~torch.isfinite(lse)]
+        if torch.isnan(bad).any() or (bad == float("inf")).any():
+            raise NonFiniteLogitsError("target logits contain NaN or +inf")
+        raise NonFiniteLogitsError("target logits are all -inf in a row: every token is masked")
+
+
+def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
+    B, gamma = draft_tokens.shape
+    batch = torch.arange(B, device=draft_tokens.device)  # [B]
+    z = target_logits if temperature == 1.0 else target_logits / temperature  # [B, γ+1, V]
+    lse = torch.logsumexp(z.float(), dim=-1)  # [B, γ+1]  the one pass over every row
+    check_finite(lse)
+
+    # acceptance from gathered scalars: accept x iff q(x) > 0 and u·q(x) <= p(x)
+    z_x = z[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0].float()  # [B, γ]
+    p_x = torch.exp(z_x - lse[:, :gamma])  # [B, γ]
+    q_x = draft_probs.gather(-1, draft_tokens[..., None])[..., 0].float()  # [B, γ]
+    n = _first_rejection((q_x > 0) & (uniforms[:, :gamma] * q_x <= p_x))  # [B]
+
+    # the one row each sequence draws from: residual max(0, p − q) at n < γ, p itself at n == γ
+    p_n = torch.exp(z[batch, n].float() - lse[batch, n][:, None])  # [B, V]
+    q_n = draft_probs[batch, n.clamp(max=gamma - 1)].float()  # [B, V]
+    q_n = torch.where((n < gamma)[:, None], q_n, 0.0)
+    weights = (p_n - q_n).clamp_(min=0.0)  # [B, V]
+    weights = torch.where(weights.sum(dim=-1, keepdim=True) > 0, weights, p_n)  # p == q: fall back to p
+    return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
+
+
+# ----------------------------------------------------------------------------------------------------
+# Triton kernels
+
+
+@triton.jit
+def _row_stats_kernel(
+    # pointers
+    logits_ptr,  # [R, V] target logits, R = B·(γ+1)
+    max_ptr,  # [R, SPLITS] fp32 out: running max of z/T over the split
+    sum_ptr,  # [R, SPLITS] fp32 out: Σ exp(z/T − max) over the split
+    bad_ptr,  # [R, SPLITS] int32 out: count of NaN / +inf in the split
+    # sizes
+    V,
+    chunk,  # elements per split, a multiple of BLOCK
+    inv_t,
+    # meta-parameters
+    SPLITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # online softmax statistics: m' = max(m, max(x)), s' = s·e^(m − m') + Σ e^(x − m')
+    row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·(γ+1)·V can pass 2^31
+    split = tl.program_id(1)
+    start = split * chunk
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros((), tl.float32)
+    bad = tl.zeros((), tl.int32)
+    for off in range(0, chunk, BLOCK):
+        cols = start + off + tl.arange(0, BLOCK)
+        mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
+        x = tl.load(logits_ptr + row * V + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+        bad += tl.sum(((x != x) | (x == float("inf"))).to(tl.int32))
+        x = tl.where(x == x, x, float("-inf"))  # NaN is counted above, kept out of the sums
+        m_new = tl.maximum(m, tl.max(x))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: nothing to rescale
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe))
+        m = m_new
+    tl.store(max_ptr + row * SPLITS + split, m)
+    tl.store(sum_ptr + row * SPLITS + split, s)
+    tl.store(bad_ptr + row * SPLITS + split, bad)
+
+
+@triton.jit
+def _weight(z, q, lse, inv_t, alpha, beta, use_residual, SIGMOID: tl.constexpr):
+    """The draw's weight of each token: p, or the residual max(0, p − q).
+    exact:   p = exp(z/T − lse), q = the draft's probability;
+    sigmoid: p̂ = σ((z/T − α)/(β − α)), q̂ the same of the draft logits (q holds them)."""
+    if SIGMOID:
+        p = tl.sigmoid((z * inv_t - alpha) / (beta - alpha))
+        q = tl.sigmoid((q * inv_t - alpha) / (beta - alpha))
+    else:
+        p = tl.exp(z * inv_t - lse)
+    return tl.where(use_residual, tl.maximum(p - q, 0.0), p), p
+
+
+@triton.jit
+def _accept_weights_kernel(
+    # pointers
+    tokens_ptr,  # [B, γ] int64 draft tokens
+    draft_ptr,  # [B, γ, V] draft probabilities (SIGMOID: raw draft logits)
+    logits_ptr,  # [B, γ+1, V] target logits
+    u_ptr,  # [B, γ+1] fp32 uniforms in (0, 1]
+    max_ptr,  # [B·(γ+1), SPLITS] from stage 1 (unused when SIGMOID)
+    sum_ptr,  # [B·(γ+1), SPLITS]
+    n_ptr,  # [B] int64 out: accepted count = the row to draw from
+    lse_ptr,  # [B] fp32 out: lse of that row
+    wsum_ptr,  # [B, SPLITS] fp64 out: Σ residual over the split of row n
+    psum_ptr,  # [B, SPLITS] fp64 out: Σ p over the split of row n (the fallback when the residual is 0)
+    bad_ptr,  # [B, SPLITS] int32 out (SIGMOID only: NaN / +inf among what it read)
+    # sizes
+    gamma,
+    V,
+    chunk,
+    inv_t,
+    alpha,
+    beta,
+    # meta-parameters
+    SPLITS: tl.constexpr,
+    GAMMA_P2: tl.constexpr,  # next power of 2 >= γ+1
+    SPLITS_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SIGMOID: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    c = tl.arange(0, GAMMA_P2)  # draft positions (γ is the bonus row)
+    is_draft = c < gamma
+    # lse of each row from the split statistics: lse = M + log Σ_s s_s·e^(m_s − M)
+    if SIGMOID:
+        lse = tl.zeros((GAMMA_P2,), tl.float32)
+    else:
+        k = tl.arange(0, SPLITS_P2)
+        stat = (b * (gamma + 1) + c)[:, None] * SPLITS + k[None, :]  # [GAMMA_P2, SPLITS_P2]
+        stat_mask = (c <= gamma)[:, None] & (k < SPLITS)[None, :]
+        m = tl.load(max_ptr + stat, mask=stat_mask, other=float("-inf"))
+        s = tl.load(sum_ptr + stat, mask=stat_mask, other=0.0)
+        row_max = tl.max(m, axis=1)  # [GAMMA_P2]
+        row_max_safe = tl.where(row_max == float("-inf"), 0.0, row_max)
+        total = tl.sum(s * tl.exp(m - row_max_safe[:, None]), axis=1)
+        lse = row_max_safe + tl.log(tl.where(c <= gamma, total, 1.0))  # padded rows: 0, unused
+
+    # acceptance from gathered scalars: accept x_c iff q(x_c) > 0 and u_c·q(x_c) <= p(x_c)
+    x = tl.load(tokens_ptr + b * gamma + c, mask=is_draft, other=0)  # [GAMMA_P2]
+    z_x = tl.load(logits_ptr + (b * (gamma + 1) + c) * V + x, mask=is_draft, other=0.0).to(tl.float32)
+    q_x = tl.load(draft_ptr + (b * gamma + c) * V + x, mask=is_draft, other=1.0).to(tl.float32)
+    u = tl.load(u_ptr + b * (gamma + 1) + c, mask=is_draft, other=1.0)
+    if SIGMOID:
+        p_x = tl.sigmoid((z_x * inv_t - alpha) / (beta - alpha))
+        q_x = tl.sigmoid((q_x * inv_t - alpha) / (beta - alpha))
+    else:
+        p_x = tl.exp(z_x * inv_t - lse)
+    accepted = (q_x > 0.0) & (u * q_x <= p_x)
+    n = tl.min(tl.where(is_draft & ~accepted, c, gamma))  # first rejection; γ when all were accepted
+    lse_n = tl.sum(tl.where(c == n, lse, 0.0))
+
+    # Σ of the draw's weights over this split of row n
+    use_residual = n < gamma
+    q_limit = tl.where(use_residual, V, 0)  # the bonus row has no draft row to read
+    row_z = logits_ptr + (b * (gamma + 1) + n) * V
+    row_q = draft_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
+    w_acc = tl.zeros((BLOCK,), tl.float64)
+    p_acc = tl.zeros((BLOCK,), tl.float64)
+    bad = tl.zeros((), tl.int32)
+    if SIGMOID:
+        bad += tl.sum(((z_x != z_x) | (z_x == float("inf"))).to(tl.int32))
+    for off in range(0, chunk, BLOCK):
+        cols = split * chunk + off + tl.arange(0, BLOCK)
+        mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
+        z = tl.load(row_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        q = tl.load(row_q + cols, mask=mask & (cols < q_limit), other=0.0).to(tl.float32)
+        if SIGMOID:
+            bad += tl.sum((mask & ((z != z) | (z == float("inf")))).to(tl.int32))
+            q = tl.where(use_residual, q, float("-inf"))  # no draft at the bonus row: q̂ = 0
+        w, p = _weight(z, q, lse_n, inv_t, alpha, beta, use_residual, SIGMOID)
+        w_acc += tl.where(mask, w, 0.0).to(tl.float64)
+        p_acc += tl.where(mask, p, 0.0).to(tl.float64)
+    tl.store(wsum_ptr + b * SPLITS + split, tl.sum(w_acc))
+    tl.store(psum_ptr + b * SPLITS + split, tl.sum(p_acc))
+    tl.store(bad_ptr + b * SPLITS + split, bad)
+    if split == 0:
+        tl.store(n_ptr + b, n.to(tl.int64))
+        tl.store(lse_ptr + b, lse_n)
+
+
+@triton.jit
+def _draw_kernel(
+    # pointers
+    tokens_ptr,  # [B, γ] int64 draft tokens
+    draft_ptr,  # [B, γ, V]
+    logits_ptr,  # [B, γ+1, V]
+    u_ptr,  # [B, γ+1]
+    n_ptr,  # [B] int64 from stage 2
+    lse_ptr,  # [B] fp32
+    wsum_ptr,  # [B, SPLITS] fp64
+    psum_ptr,  # [B, SPLITS] fp64
+    out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then −1
+    # sizes
+    gamma,
+    V,
+    chunk,
+    inv_t,
+    alpha,
+    beta,
+    # meta-parameters
+    SPLITS: tl.constexpr,
+    GAMMA_P2: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SIGMOID: tl.constexpr,
+):
+    # inverse CDF in two levels: the split where Σ reaches u·total, then the token inside it
+    b = tl.program_id(0).to(tl.int64)
+    n = tl.load(n_ptr + b)
+    lse_n = tl.load(lse_ptr + b)
+    k = tl.arange(0, SPLITS_P2)
+    w_split = tl.load(wsum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0)  # [SPLITS_P2] fp64
+    p_split = tl.load(psum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0)
+    use_residual = (n < gamma) & (tl.sum(w_split) > 0)  # an all-zero residual (p == q) falls back to p
+    w_split = tl.where(use_residual, w_split, p_split)
+    threshold = tl.load(u_ptr + b * (gamma + 1) + gamma).to(tl.float64) * tl.sum(w_split)
+    running = tl.cumsum(w_split, axis=0)
+    last_split = tl.max(tl.where(w_split > 0, k, 0))
+    split = tl.min(tl.where((running >= threshold) & (w_split > 0), k, last_split))
+    before = tl.sum(tl.where(k < split, w_split, 0.0))
+
+    q_limit = tl.where(n < gamma, V, 0)
+    row_z = logits_ptr + (b * (gamma + 1) + n) * V
+    row_q = draft_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
+    token = tl.full((), -1, tl.int64)
+    last_positive = tl.full((), -1, tl.int64)
+    for off in range(0, chunk, BLOCK):
+        cols = split * chunk + off + tl.arange(0, BLOCK)
+        mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
+        z = tl.load(row_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        q = tl.load(row_q + cols, mask=mask & (cols < q_limit), other=0.0).to(tl.float32)
+        if SIGMOID:
+            q = tl.where(n < gamma, q, float("-inf"))
+        w, _ = _weight(z, q, lse_n, inv_t, alpha, beta, use_residual, SIGMOID)
+        w = tl.where(mask, w, 0.0).to(tl.float64)
+        reach = before + tl.cumsum(w, axis=0)
+        hit = tl.min(tl.where((reach >= threshold) & (w > 0), cols, 2147483647)).to(tl.int64)
+        token = tl.where((token < 0) & (hit < 2147483647), hit, token)
+        last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, cols, -1)).to(tl.int64))
+        before += tl.sum(w)
+    token = tl.where(token < 0, last_positive, token)  # rounding left the threshold above the total
+
+    c = tl.arange(0, GAMMA_P2)
+    x = tl.load(tokens_ptr + b * gamma + c, mask=c < gamma, other=-1)
+    out = tl.where(c < n, x, tl.where(c == n, token, -1))
+    tl.store(out_ptr + b * (gamma + 1) + c, out, mask=c <= gamma)
+
+
+def _plan(V: int, rows: int, device: torch.device, interpreted: bool):
+    """BLOCK, SPLITS and the chunk of the vocabulary each split covers (a multiple of BLOCK)."""
+    block = 4096 if interpreted else 1024  # the interpreter pays per tile, a GPU per register
+    tiles = triton.cdiv(V, block)
+    if interpreted:
+        splits = min(tiles, 4)
+    else:  # enough programs to cover every SM about four times over
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        splits = max(1, min(tiles, triton.cdiv(4 * sms, rows), 64))
+    chunk = triton.cdiv(tiles, splits) * block
+    splits = triton.cdiv(V, chunk)
+    return block, splits, chunk
+
+
+def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0, check=True):
+    """Shared launcher of the exact and sigmoid kernels. `draft` is draft_probs, or the draft logits
+    when sigmoid. Returns (out_tokens [B, γ+1], num_accepted [B]); raises NonFiniteLogitsError when
+    check is set (that reads one flag back: a host synchronisation, skipped under graph capture)."""
+    # (1) check shapes
+    B, gamma = draft_tokens.shape
+    V = target_logits.shape[-1]
+    assert draft.shape == (B, gamma, V) and target_logits.shape == (B, gamma + 1, V), "shape mismatch"
+    assert uniforms.shape == (B, gamma + 1) and 1 <= gamma
+    draft_tokens, draft, target_logits = draft_tokens.contiguous(), draft.contiguous(), target_logits.contiguous()
+    uniforms = uniforms.float().contiguous()
+    device = target_logits.device
+    interpreted = triton_backend_name() == "triton-interpreter"
+    block, splits, chunk = _plan(V, B * (gamma + 1), device, interpreted)
+    meta = dict(SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
+    inv_t = 1.0 / temperature
+    # (2) allocate outputs
+    f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
+    row_max = torch.empty((B * (gamma + 1), splits), dtype=f32, device=device)
+    row_sum = torch.empty_like(row_max)
+    row_bad = torch.zeros((B * (gamma + 1), splits), dtype=i32, device=device)
+    n = torch.empty(B, dtype=i64, device=device)
+    lse_n = torch.empty(B, dtype=f32, device=device)
+    wsum = torch.empty((B, splits), dtype=f64, device=device)
+    psum = torch.empty_like(wsum)
+    draw_bad = torch.zeros((B, splits), dtype=i32, device=device)
+    out = torch.empty((B, gamma + 1), dtype=i64, device=device)
+    # (3) launch
+    if not sigmoid:
+        _row_stats_kernel[(B * (gamma + 1), splits)](
+            target_logits, row_max, row_sum, row_bad, V, chunk, inv_t, **meta
+        )
+    shared = dict(GAMMA_P2=triton.next_power_of_2(gamma + 1), SIGMOID=sigmoid, **meta)
+    _accept_weights_kernel[(B, splits)](
+        draft_tokens, draft, target_logits, uniforms, row_max, row_sum, n, lse_n, wsum, psum, draw_bad,
+        gamma, V, chunk, inv_t, alpha, beta, **shared,
+    )
+    _draw_kernel[(B,)](
+        draft_tokens, draft, target_logits, uniforms, n, lse_n, wsum, psum, out,
+        gamma, V, chunk, inv_t, alpha, beta, **shared,
+    )
+    if check:
+        if bool(row_bad.any()) or bool(draw_bad.any()):
+            raise NonFiniteLogitsError("target logits contain NaN or +inf")
+        if not sigmoid and bool((row_max.amax(dim=1) == float("-inf")).any()):
+            raise NonFiniteLogitsError("target logits are all -inf in a row: every token is masked")
+    return out, n
+
+
+def verify_exact_triton(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0, check=True):
+    return launch(draft_tokens, draft_probs, target_logits, uniforms, temperature, sigmoid=False, check=check)

@@ -1,0 +1,86 @@
+"""The specification of verification, written as plain loops. Slow on purpose: read it, test against it.
+
+The rule (Leviathan et al. 2023, Chen et al. 2023), for each sequence b and draft position c = 0..γ-1:
+
+    p = softmax(target_logits[b, c] / T)        the target's distribution at that position
+    q = draft_probs[b, c]                       the distribution the draft token x was drawn from
+    accept x  iff  q(x) > 0  and  u[b, c] · q(x) <= p(x)       (u in (0, 1]: P(accept) = min(1, p/q))
+
+At the first rejection, emit one token drawn from the residual  a(x) = max(0, p(x) − q(x)) / Σ a,
+falling back to p when the residual is all zero (p == q). If all γ are accepted, emit a bonus token
+drawn from p at position γ. Either draw is by inverse CDF with u[b, γ]: the first token whose running
+sum of the (unnormalised) weights reaches u · Σ weights, skipping zero weights.
+
+The emitted sequence is then distributed exactly as the target's (the proof: Chen et al., appendix).
+"""
+
+import math
+
+import torch
+
+from specdec_cli.errors import NonFiniteLogitsError
+
+
+def softmax_row(logits: list[float], temperature: float) -> list[float]:
+    """p(x) = exp(z(x)/T − logsumexp(z/T)); −inf logits (masked tokens) get probability 0."""
+    inv_t = 1.0 / temperature
+    scaled = [z * inv_t for z in logits]
+    if any(math.isnan(z) or z == math.inf for z in scaled):
+        raise NonFiniteLogitsError("target logits contain NaN or +inf")
+    top = max(scaled)
+    if top == -math.inf:
+        raise NonFiniteLogitsError("target logits are all -inf: every token is masked")
+    total = sum(math.exp(z - top) for z in scaled)
+    return [math.exp(z - top) / total for z in scaled]
+
+
+def draw_inverse_cdf(weights: list[float], u: float) -> int:
+    """The first x with weights[x] > 0 whose running sum reaches u · Σ weights (u in (0, 1])."""
+    threshold = u * sum(weights)
+    running = 0.0
+    last_positive = -1
+    for x, w in enumerate(weights):
+        if w > 0.0:
+            running += w
+            last_positive = x
+            if running >= threshold:
+                return x
+    return last_positive  # rounding left the threshold a hair above the total
+
+
+def verify_reference(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
+    """Shapes as in specdec_cli.verify. Returns (out_tokens [B, γ+1], num_accepted [B])."""
+    B, gamma = draft_tokens.shape
+    out_tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64)
+    num_accepted = torch.zeros(B, dtype=torch.int64)
+    for b in range(B):
+        u = uniforms[b].tolist()
+        emitted = []
+        for c in range(gamma + 1):
+            p = softmax_row(target_logits[b, c].float().tolist(), temperature)
+            if c == gamma:  # every draft token accepted: bonus token from p
+                emitted.append(draw_inverse_cdf(p, u[gamma]))
+                break
+            x = int(draft_tokens[b, c])
+            q = draft_probs[b, c].float().tolist()
+            if q[x] > 0.0 and u[c] * q[x] <= p[x]:
+                emitted.append(x)
+                continue
+            residual = [max(0.0, pi - qi) for pi, qi in zip(p, q)]
+            emitted.append(draw_inverse_cdf(residual if sum(residual) > 0.0 else p, u[gamma]))
+            break
+        num_accepted[b] = len(emitted) - 1
+        out_tokens[b, : len(emitted)] = torch.tensor(emitted)
+    return out_tokens, num_accepted
+
+
+def verify_greedy(draft_tokens, target_logits):
+    """Temperature 0, the limit of the rule: accept while the draft token is the target's argmax,
+    then emit the target's argmax. Shapes as above; ties go to the lowest token id (torch.argmax)."""
+    B, gamma = draft_tokens.shape
+    best = target_logits.argmax(dim=-1)  # [B, γ+1]
+    matches = (draft_tokens == best[:, :gamma]).to(torch.int64)  # [B, γ]
+    num_accepted = matches.cumprod(dim=1).sum(dim=1)  # [B] length of the agreeing prefix
+    positions = torch.arange(gamma + 1, device=draft_tokens.device)  # [γ+1]
+    out_tokens = torch.where(positions[None, :] <= num_accepted[:, None], best, -1)
+    return out_tokens, num_accepted

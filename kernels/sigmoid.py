@@ -1,0 +1,54 @@
+"""Sigmoid-approximated verification (the paper, section 3.2.2, eq. 5). Lossy by design.
+
+    p̂(x) = σ((z_p(x)/T − α) / (β − α)),   q̂(x) = σ((z_q(x)/T − α) / (β − α))      elementwise, no softmax
+
+and then the rule of kernels/reference.py with p̂, q̂ in place of p, q: accept iff u·q̂(x) <= p̂(x); at the
+first rejection draw from max(0, p̂ − q̂) (or p̂ when that is all zero), else the bonus token from p̂.
+p̂ and q̂ do not sum to one, so the output is NOT the target's distribution: with α = −10⁴, β = 10⁴
+every p̂ is close to σ(0.5) ≈ 0.62, almost every draft token is accepted, and a resampled token is
+nearly uniform over the vocabulary. `specdec verify-kernel --mode sigmoid` measures how far it moves.
+
+Nothing needs a pass over every row: acceptance reads gathered scalars, the draw one row per sequence.
+The Triton kernel is stages 2 and 3 of kernels/exact.py with SIGMOID=True; below is its torch twin.
+"""
+
+import torch
+
+from specdec_cli.errors import NonFiniteLogitsError
+
+from .exact import _first_rejection, assemble, draw_from_weights, launch
+
+
+def sigmoid_probs(logits, temperature: float, alpha: float, beta: float):
+    """p̂ = σ((z/T − α)/(β − α)), elementwise, in fp32."""
+    return torch.sigmoid((logits.float() / temperature - alpha) / (beta - alpha))
+
+
+def _check(*logits):
+    for z in logits:
+        if torch.isnan(z).any() or (z == float("inf")).any():
+            raise NonFiniteLogitsError("logits contain NaN or +inf")
+
+
+def verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4):
+    B, gamma = draft_tokens.shape
+    batch = torch.arange(B, device=draft_tokens.device)  # [B]
+    zp_x = target_logits[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
+    zq_x = draft_logits.gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
+    _check(zp_x, zq_x)
+    p_x = sigmoid_probs(zp_x, temperature, alpha, beta)  # [B, γ]
+    q_x = sigmoid_probs(zq_x, temperature, alpha, beta)  # [B, γ]
+    n = _first_rejection((q_x > 0) & (uniforms[:, :gamma] * q_x <= p_x))  # [B]
+
+    zp_n = target_logits[batch, n]  # [B, V]
+    _check(zp_n)
+    p_n = sigmoid_probs(zp_n, temperature, alpha, beta)  # [B, V]
+    q_n = sigmoid_probs(draft_logits[batch, n.clamp(max=gamma - 1)], temperature, alpha, beta)  # [B, V]
+    q_n = torch.where((n < gamma)[:, None], q_n, 0.0)
+    weights = (p_n - q_n).clamp_(min=0.0)
+    weights = torch.where(weights.sum(dim=-1, keepdim=True) > 0, weights, p_n)
+    return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
+
+
+def verify_sigmoid_triton(draft_tokens, draft_logits, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4, check=True):
+    return launch(draft_tokens, draft_logits, target_logits, uniforms, temperature, sigmoid=True, alpha=alpha, beta=beta, check=check)
