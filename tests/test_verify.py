@@ -1,0 +1,293 @@
+"""Verification: every implementation against the reference on the same randomness, the exact ones
+against the target distribution, structure and edge cases. Triton kernels run under the interpreter."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec_cli.errors import NonFiniteLogitsError
+from specdec_cli.kernels.exact import verify_exact_torch, verify_exact_triton
+from specdec_cli.kernels.reference import verify_reference
+from specdec_cli.kernels.sigmoid import verify_sigmoid_torch, verify_sigmoid_triton
+from specdec_cli.verify import verify, verify_greedy
+
+EXACT = {"torch": verify_exact_torch, "triton": verify_exact_triton}
+
+
+def make_case(B, gamma, V, *, seed, scale=4.0, overlap=0.7, dtype=torch.float32):
+    """Peaked, LM-like logits (scale ≥ 3: a few tokens carry the mass) and a correlated draft."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(B, gamma + 1, V, generator=g) * scale  # [B, γ+1, V]
+    draft_logits = overlap * target[:, :gamma] + (1 - overlap) * scale * torch.randn(B, gamma, V, generator=g)
+    draft_probs = draft_logits.softmax(-1)  # [B, γ, V]
+    tokens = torch.multinomial(draft_probs.reshape(-1, V), 1, generator=g).reshape(B, gamma)  # [B, γ]
+    uniforms = 1 - torch.rand(B, gamma + 1, generator=g)  # (0, 1]
+    return tokens, draft_probs, target.to(dtype), uniforms, draft_logits
+
+
+def assert_same(expected, got, what):
+    (e_tok, e_n), (g_tok, g_n) = expected, got
+    bad = (e_tok != g_tok).any(dim=1).nonzero()[:, 0].tolist()
+    assert not bad, f"{what}: rows {bad[:5]} differ, e.g. reference {e_tok[bad[0]].tolist()} vs {g_tok[bad[0]].tolist()}"
+    assert torch.equal(e_n, g_n)
+
+
+# --- decisions: the same randomness gives the same tokens ------------------------------------------
+
+
+@pytest.mark.parametrize("V", [7, 1000, 32000, 51865, 151936, 262144])
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_exact_matches_reference(V, impl):
+    cases = [(3, 5), (1, 1), (2, 8)] if V <= 32000 else [(1, 4), (2, 2)]
+    for i, (B, gamma) in enumerate(cases):
+        args = make_case(B, gamma, V, seed=V + i)[:4]
+        assert_same(verify_reference(*args), EXACT[impl](*args), f"exact/{impl} V={V} B={B} γ={gamma}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_exact_dtypes_and_temperature(dtype, temperature):
+    for seed in range(3):
+        args = make_case(4, 6, 5003, seed=seed, dtype=dtype)[:4]
+        expected = verify_reference(*args, temperature=temperature)
+        for impl, fn in EXACT.items():
+            assert_same(expected, fn(*args, temperature=temperature), f"exact/{impl} {dtype} T={temperature}")
+
+
+def test_many_random_cases_torch_and_triton_agree():
+    # 300 sequences of every acceptance length; the interpreter runs them as one launch
+    args = make_case(300, 4, 300, seed=7, overlap=0.8)[:4]
+    expected = verify_reference(*args)
+    assert len(set(expected[1].tolist())) == 5, "cases should cover every accepted count 0..γ"
+    assert_same(expected, verify_exact_torch(*args), "exact/torch")
+    assert_same(expected, verify_exact_triton(*args), "exact/triton")
+
+
+@pytest.mark.parametrize("gamma", [1, 17, 32])
+def test_exact_any_gamma(gamma):
+    args = make_case(2, gamma, 257, seed=gamma, overlap=0.95)[:4]
+    expected = verify_reference(*args)
+    for impl, fn in EXACT.items():
+        assert_same(expected, fn(*args), f"exact/{impl} γ={gamma}")
+
+
+def test_baseline_decides_like_reference():
+    args = make_case(64, 5, 2000, seed=3)
+    tokens, probs, target, u, _ = args
+    ref = verify_reference(tokens, probs, target, u)
+    base = verify("baseline", tokens, probs, target, u)
+    assert torch.equal(base.num_accepted, ref[1])
+    n = ref[1]
+    accepted = torch.arange(5)[None, :] < n[:, None]
+    assert torch.equal(base.out_tokens[:, :5][accepted], ref[0][:, :5][accepted])
+
+
+def test_sigmoid_triton_matches_its_torch_twin():
+    for seed, (alpha, beta) in enumerate([(-1e4, 1e4), (-1e3, 1e3), (-2.0, 2.0), (-0.5, 0.5)]):
+        tokens, _, target, u, draft_logits = make_case(40, 5, 3001, seed=seed, overlap=0.3)
+        expected = verify_sigmoid_torch(tokens, draft_logits, target, u, 1.0, alpha, beta)
+        got = verify_sigmoid_triton(tokens, draft_logits, target, u, 1.0, alpha, beta)
+        assert_same(expected, got, f"sigmoid α={alpha}")
+    assert (expected[1] < 5).any(), "a narrow α..β must reject some drafts"
+
+
+# --- distribution: the first emitted token is distributed as the target's ---------------------------
+
+PAIRS = {
+    # name: (target p, draft q) over a vocabulary of 6
+    "random": ([0.30, 0.25, 0.20, 0.15, 0.07, 0.03], [0.05, 0.10, 0.40, 0.05, 0.25, 0.15]),
+    "identical": ([0.4, 0.3, 0.1, 0.1, 0.05, 0.05], [0.4, 0.3, 0.1, 0.1, 0.05, 0.05]),
+    "disjoint": ([0.5, 0.5, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.25, 0.25, 0.25, 0.25]),
+    "one-hot target": ([0.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]),
+    "draft misses target's favourites": ([0.45, 0.35, 0.1, 0.1, 0.0, 0.0], [0.0, 0.0, 0.5, 0.1, 0.2, 0.2]),
+}
+
+
+def draws(p, q, n, gamma, seed):
+    """n independent verification steps; returns the first emitted token of each."""
+    g = torch.Generator().manual_seed(seed)
+    p, q = torch.tensor(p), torch.tensor(q)
+    target = torch.log(p).expand(n, gamma + 1, -1).contiguous()  # log 0 = −inf: masked
+    draft_probs = q.expand(n, gamma, -1).contiguous()
+    tokens = torch.multinomial(q, n * gamma, replacement=True, generator=g).reshape(n, gamma)
+    uniforms = 1 - torch.rand(n, gamma + 1, generator=g)
+    return tokens, draft_probs, target, uniforms
+
+
+def first_token_frequencies(fn, p, q, n, seed, gamma=3):
+    out, _ = fn(*draws(p, q, n, gamma, seed))
+    return torch.bincount(out[:, 0], minlength=len(p)).double() / n
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_exact_reproduces_target_distribution(pair):
+    # 200 000 draws; threshold: TV < 0.005 (expected ≈ 0.002 here) and chi-square p > 1e-4 on the support
+    p, q = PAIRS[pair]
+    n = 200_000
+    freq = first_token_frequencies(verify_exact_torch, p, q, n, seed=11)
+    p = torch.tensor(p, dtype=torch.float64)
+    tv = 0.5 * (freq - p).abs().sum().item()
+    assert tv < 0.005, f"{pair}: TV {tv:.4f} between emitted tokens and the target"
+    assert freq[p == 0].sum() == 0, f"{pair}: a token the target gives probability 0 was emitted"
+    support = p > 0
+    if support.sum() > 1:
+        stat = chisquare(freq[support] * n, p[support] * n)
+        assert stat.pvalue > 1e-4, f"{pair}: chi-square p = {stat.pvalue:.2e}"
+
+
+def test_exact_triton_reproduces_target_distribution():
+    # the interpreter is slow (~25 ms a sequence), so 1 500 draws; TV < 0.06 (expected ≈ 0.02).
+    # Together with the decision-for-decision equality above, the torch path's 200 000 draws carry over.
+    p, q = PAIRS["random"]
+    freq = first_token_frequencies(verify_exact_triton, p, q, 1500, seed=5)
+    tv = 0.5 * (freq - torch.tensor(p, dtype=torch.float64)).abs().sum().item()
+    assert tv < 0.06, f"TV {tv:.4f}"
+
+
+def test_baseline_reproduces_target_distribution():
+    p, q = PAIRS["random"]
+    n = 200_000
+    g = torch.Generator().manual_seed(1)
+    tokens, draft_probs, target, u = draws(p, q, n, 3, seed=2)
+    firsts = []
+    for rows in torch.arange(n).split(2000):  # baseline seeds one multinomial per call: many calls
+        u_rows = u[rows].clone()
+        u_rows[:, -1] = 1 - torch.rand(len(rows), generator=g)
+        firsts.append(verify("baseline", tokens[rows], draft_probs[rows], target[rows], u_rows).out_tokens[:, 0])
+    freq = torch.bincount(torch.cat(firsts), minlength=6).double() / n
+    tv = 0.5 * (freq - torch.tensor(p, dtype=torch.float64)).abs().sum().item()
+    assert tv < 0.005, f"TV {tv:.4f}"
+
+
+def test_sigmoid_moves_the_distribution_and_says_so():
+    # not an assertion of correctness: the approximation is lossy. It must move the output measurably.
+    p, q = PAIRS["random"]
+    tokens, draft_probs, target, u = draws(p, q, 20_000, 3, seed=4)
+    out, n = verify_sigmoid_torch(tokens, torch.log(draft_probs), target, u)
+    freq = torch.bincount(out[:, 0], minlength=6).double() / len(out)
+    tv = 0.5 * (freq - torch.tensor(p, dtype=torch.float64)).abs().sum().item()
+    assert tv > 0.05, f"sigmoid with α=−1e4, β=1e4 should move the output; TV was {tv:.4f}"
+    assert n.float().mean() > 2.9, "with α=−1e4, β=1e4 almost every draft token is accepted"
+
+
+# --- structure and edge cases -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["reference", "torch", "triton", "baseline"])
+def test_structure(impl):
+    gamma = 4
+    tokens, probs, target, u, _ = make_case(50, gamma, 500, seed=9, overlap=0.8)
+    fn = {
+        "reference": verify_reference,
+        "baseline": lambda *a: tuple(verify("baseline", *a).__dict__.values())[:2],
+        **EXACT,
+    }[impl]
+    out, n = fn(tokens, probs, target, u)
+    assert out.shape == (50, gamma + 1) and n.shape == (50,)
+    for b in range(50):
+        k = int(n[b])
+        assert 0 <= k <= gamma
+        assert out[b, :k].tolist() == tokens[b, :k].tolist(), "accepted tokens are the draft's"
+        assert out[b, k] >= 0, "one token is always emitted after the accepted ones"
+        assert (out[b, k + 1 :] == -1).all(), "−1 after the emitted tokens"
+        if k < gamma:
+            assert probs[b, k, out[b, k]] < torch.softmax(target[b, k].float(), -1)[out[b, k]] + 1e-6, (
+                "a resampled token comes from the residual max(0, p − q)"
+            )
+
+
+@pytest.mark.parametrize("impl", ["reference", "torch", "triton"])
+def test_zero_draft_probability_is_never_accepted(impl):
+    fn = {"reference": verify_reference, **EXACT}[impl]
+    tokens, probs, target, _, _ = make_case(8, 3, 50, seed=1)
+    probs = probs.clone()
+    probs[:, 0].scatter_(-1, tokens[:, :1], 0.0)  # the first draft token had probability 0
+    u = torch.full((8, 4), 1e-9)  # the smallest uniforms accept anything that can be accepted
+    _, n = fn(tokens, probs, target, u)
+    assert (n == 0).all()
+
+
+@pytest.mark.parametrize("impl", ["reference", "torch", "triton"])
+def test_all_zero_residual_falls_back_to_p(impl):
+    # q = 1.5 p (not a distribution, but it makes max(0, p − q) zero everywhere while rejecting u > 2/3)
+    fn = {"reference": verify_reference, **EXACT}[impl]
+    V = 64
+    target = torch.randn(4, 3, V) * 2
+    probs = 1.5 * torch.softmax(target[:, :2], -1)
+    tokens = torch.zeros(4, 2, dtype=torch.int64)
+    u = torch.tensor([[0.9, 0.5, 0.3], [0.9, 0.5, 0.6], [0.9, 0.5, 0.9], [0.9, 0.5, 1.0]])
+    out, n = fn(tokens, probs, target, u)
+    assert (n == 0).all()
+    assert ((out[:, 0] >= 0) & (out[:, 0] < V)).all()
+    assert_same(verify_reference(tokens, probs, target, u), (out, n), impl)
+
+
+@pytest.mark.parametrize("impl", ["reference", "torch", "triton", "baseline"])
+@pytest.mark.parametrize("poison", ["nan", "inf", "all-masked"])
+def test_non_finite_logits_are_reported(impl, poison):
+    tokens, probs, target, u, _ = make_case(2, 3, 100, seed=2)
+    if poison == "all-masked":
+        target[1, 0] = float("-inf")
+    else:
+        target[1, 0, 17] = float(poison)
+    fn = {
+        "reference": verify_reference,
+        "baseline": lambda *a: verify("baseline", *a),
+        **EXACT,
+    }[impl]
+    with pytest.raises(NonFiniteLogitsError):
+        fn(tokens, probs, target, u)
+
+
+def test_masked_tokens_are_allowed_and_never_emitted():
+    tokens, probs, target, u, _ = make_case(16, 3, 100, seed=4)
+    target[:, :, 50:] = float("-inf")  # top-k style mask
+    probs = probs.clone()
+    probs[:, :, 50:] = 0
+    probs /= probs.sum(-1, keepdim=True)
+    tokens = tokens % 50
+    for fn in (verify_reference, *EXACT.values()):
+        out, n = fn(tokens, probs, target, u)
+        assert (out < 50).all()
+
+
+def test_sigmoid_reports_nan_in_what_it_reads():
+    tokens, _, target, u, draft_logits = make_case(2, 3, 100, seed=2)
+    target[:, 0] = float("nan")
+    for fn in (verify_sigmoid_torch, verify_sigmoid_triton):
+        with pytest.raises(NonFiniteLogitsError):
+            fn(tokens, draft_logits, target, u)
+
+
+def test_greedy_accepts_the_agreeing_prefix():
+    target = torch.full((2, 4, 5), -1.0)
+    best = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0]])
+    target.scatter_(-1, best[..., None], 5.0)
+    tokens = torch.tensor([[1, 2, 0], [0, 0, 0]])
+    v = verify_greedy(tokens, target)
+    assert v.num_accepted.tolist() == [2, 3]
+    assert v.out_tokens.tolist() == [[1, 2, 3, -1], [0, 0, 0, 0]]
+    target[0, 3, 0] = float("nan")
+    with pytest.raises(NonFiniteLogitsError):
+        verify_greedy(tokens, target)
+
+
+def test_verify_reports_its_backend():
+    tokens, probs, target, u, logits = make_case(1, 2, 50, seed=0)
+    assert verify("exact", tokens, probs, target, u).backend == "torch"
+    assert verify("exact", tokens, probs, target, u, backend="triton").backend == "triton-interpreter"
+    assert verify("sigmoid", tokens, probs, target, u, draft_logits=logits, backend="triton").backend == "triton-interpreter"
+
+
+def test_kernels_is_not_a_top_level_package(tmp_path):
+    # transformers probes for Hugging Face's `kernels` package by that name; ours must not answer
+    code = (
+        "import importlib.util, specdec_cli.kernels;"
+        "from transformers.utils import is_kernels_available;"
+        "print(importlib.util.find_spec('kernels') is None, is_kernels_available())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
