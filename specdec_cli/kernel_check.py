@@ -1,0 +1,164 @@
+"""What `specdec verify-kernel` runs: a kernel against its reference on random cases, and the output
+distribution against the target's.
+
+exact:   passes when the Triton kernel and the torch path make the reference's decisions on every case
+         and the emitted tokens follow the target distribution (chi-square, p > 1e-3).
+sigmoid: passes when the Triton kernel makes its torch twin's decisions on every case; how far the
+         approximation moves the output (total variation to the target) and how its acceptance rate
+         differs from exact are measured and reported, never hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from specdec_cli.errors import SpecdecError
+from specdec_cli.kernels import exact, reference, sigmoid, triton_backend_name
+from specdec_cli.synthetic import make_case
+
+DIST_VOCAB = 8  # the distribution test draws over a small vocabulary, so every token is seen often
+P_VALUE_MIN = 1e-3
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class KernelReport:
+    mode: str
+    backend: str
+    device: str
+    vocab: int
+    gamma: int
+    batch: int
+    samples: int
+    checks: list[Check] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def validate(vocab: int, gamma: int, batch: int, samples: int, alpha: float, beta: float, cases: int):
+    if vocab < 2:
+        raise SpecdecError(f"--vocab must be at least 2 (got {vocab})")
+    if not 1 <= gamma <= 32:
+        raise SpecdecError(f"--gamma must be between 1 and 32 (got {gamma})")
+    if batch < 1:
+        raise SpecdecError(f"--batch must be at least 1 (got {batch})")
+    if samples < 1:
+        raise SpecdecError(f"--samples must be at least 1 (got {samples})")
+    if cases < 1:
+        raise SpecdecError(f"--cases must be at least 1 (got {cases})")
+    if not alpha < beta:
+        raise SpecdecError(f"--alpha must be below --beta (got α={alpha}, β={beta})")
+
+
+def _case(batch, gamma, vocab, seed, device):
+    c = make_case(batch, gamma, vocab, overlap=0.75, seed=seed, device=device)
+    return c["draft_tokens"], c["draft_probs"], c["target_logits"], c["uniforms"], c["draft_logits"]
+
+
+def _first_mismatch(expected, got) -> str:
+    bad = (expected[0] != got[0].cpu()).any(dim=1).nonzero()[:, 0]
+    if len(bad) == 0:
+        return ""
+    b = int(bad[0])
+    return f"row {b}: expected {expected[0][b].tolist()}, got {got[0][b].tolist()}"
+
+
+def _distribution_draws(fn, p, q, samples, gamma, seed, device):
+    """The first emitted token of `samples` independent steps whose every row has target p, draft q."""
+    g = torch.Generator().manual_seed(seed)
+    V = len(p)
+    target = torch.log(p).expand(samples, gamma + 1, V).contiguous().to(device)
+    draft = q.expand(samples, gamma, V).contiguous().to(device)
+    tokens = torch.multinomial(q, samples * gamma, replacement=True, generator=g).reshape(samples, gamma).to(device)
+    u = (1 - torch.rand(samples, gamma + 1, generator=g)).to(device)
+    out, n = fn(tokens, draft, target, u)
+    return torch.bincount(out[:, 0].cpu(), minlength=V).double(), n.cpu()
+
+
+def _small_pair(seed):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(DIST_VOCAB, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(DIST_VOCAB, generator=g) * 1.5, -1)
+    return p, q
+
+
+def _tv(counts, p):
+    return 0.5 * (counts / counts.sum() - p.double()).abs().sum().item()
+
+
+def run(mode, *, vocab=32000, gamma=5, batch=4, samples=100_000, alpha=-1e4, beta=1e4, device="cpu", seed=0, cases=8, progress=None):
+    """Run every check of `mode` ("exact" | "sigmoid") and return the report."""
+    from scipy.stats import chisquare
+
+    validate(vocab, gamma, batch, samples, alpha, beta, cases)
+    kernel_backend = triton_backend_name()
+    report = KernelReport(mode, kernel_backend, str(device), vocab, gamma, batch, samples)
+    step = progress or (lambda _msg: None)
+
+    # 1. decisions, case by case: the Triton kernel (and the torch path) against the specification
+    mismatches, torch_mismatches, accepted = [], [], {"kernel": 0.0, "exact": 0.0}
+    for i in range(cases):
+        step(f"random case {i + 1}/{cases}")
+        tokens, probs, target, u, draft_logits = _case(batch, gamma, vocab, seed + i, device)
+        if mode == "exact":
+            expected = reference.verify_reference(tokens.cpu(), probs.cpu(), target.cpu(), u.cpu())
+            got = exact.verify_exact_triton(tokens, probs, target, u)
+            mine = exact.verify_exact_torch(tokens.cpu(), probs.cpu(), target.cpu(), u.cpu())
+            torch_mismatches.append(_first_mismatch(expected, mine))
+        else:
+            args = (tokens.cpu(), draft_logits.cpu(), target.cpu(), u.cpu(), 1.0, alpha, beta)
+            expected = sigmoid.verify_sigmoid_torch(*args)
+            got = sigmoid.verify_sigmoid_triton(tokens, draft_logits, target, u, 1.0, alpha, beta)
+            accepted["exact"] += exact.verify_exact_torch(tokens.cpu(), probs.cpu(), target.cpu(), u.cpu())[1].float().mean().item()
+        accepted["kernel"] += got[1].float().mean().item()
+        mismatches.append(_first_mismatch(expected, got))
+    spec = "reference" if mode == "exact" else "sigmoid torch reference"
+    bad = [m for m in mismatches if m]
+    report.checks.append(Check(f"{mode} kernel = {spec}", not bad, f"{cases - len(bad)}/{cases} cases identical" + (f"; {bad[0]}" if bad else "")))
+    if mode == "exact":
+        bad_torch = [m for m in torch_mismatches if m]
+        report.checks.append(Check("exact torch path = reference", not bad_torch, f"{cases - len(bad_torch)}/{cases} cases identical" + (f"; {bad_torch[0]}" if bad_torch else "")))
+    report.figures["mean_accepted_per_step"] = accepted["kernel"] / cases
+    report.figures["acceptance_rate"] = accepted["kernel"] / cases / gamma
+
+    # 2. distribution of the emitted token over `samples` draws on a small vocabulary. On CUDA the
+    # compiled kernel draws them; on a CPU the interpreter (~25 ms a sequence) would take hours, so the
+    # torch path draws them: it was just shown to make the kernel's decisions.
+    on_gpu = torch.device(device).type == "cuda"
+    step(f"distribution test: {samples} draws")
+    p, q = _small_pair(seed)
+    if mode == "exact":
+        fn = exact.verify_exact_triton if on_gpu else exact.verify_exact_torch
+        counts, _ = _distribution_draws(fn, p, q, samples, gamma, seed, device)
+        tv = _tv(counts, p)
+        pvalue = float(chisquare(counts.numpy(), (p.double() * samples).numpy()).pvalue)
+        drawn_by = "Triton kernel" if on_gpu else "torch path"
+        report.checks.append(Check("output ~ target distribution", pvalue > P_VALUE_MIN, f"{samples} draws by the {drawn_by}, V={DIST_VOCAB}: TV {tv:.4f}, chi-square p = {pvalue:.3g} (pass: p > {P_VALUE_MIN})"))
+        report.figures.update(tv_to_target=tv, chi_square_p=pvalue, distribution_drawn_by=drawn_by)
+    else:
+        sig = sigmoid.verify_sigmoid_triton if on_gpu else sigmoid.verify_sigmoid_torch
+        counts, n_sig = _distribution_draws(lambda t, d, z, u: sig(t, torch.log(d), z, u, 1.0, alpha, beta), p, q, samples, gamma, seed, device)
+        exact_counts, n_exact = _distribution_draws(exact.verify_exact_torch, p, q, samples, gamma, seed, "cpu")
+        report.figures.update(
+            tv_to_target=_tv(counts, p),
+            tv_exact_to_target=_tv(exact_counts, p),
+            tv_draft_to_target=0.5 * (q - p).abs().sum().item(),
+            acceptance_rate_small_vocab=n_sig.float().mean().item() / gamma,
+            acceptance_rate_exact_small_vocab=n_exact.float().mean().item() / gamma,
+            acceptance_rate_exact=accepted["exact"] / cases / gamma,
+        )
+    return report
