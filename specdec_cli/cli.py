@@ -6,7 +6,8 @@ import functools
 import json
 import os
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -111,6 +112,173 @@ def verify_kernel(
     else:
         render.kernel_report(report)
     raise typer.Exit(0 if report.passed else 1)
+
+
+@app.command("bench")
+@handle_errors
+def bench(
+    task: Annotated[str, typer.Option(help="synthetic | summarize | transcribe")] = "synthetic",
+    vocab: Annotated[str, typer.Option(help="Vocabulary sizes V, comma-separated (synthetic).")] = "32000,151936",
+    gamma: Annotated[str, typer.Option(help="Draft lengths γ, comma-separated (1..32).")] = "1,5,10",
+    batch: Annotated[str, typer.Option(help="Batch sizes B, comma-separated.")] = "1,8",
+    modes: Annotated[str, typer.Option(help="Comma-separated: baseline, exact, sigmoid, and hf (transformers' own, B = 1 only).")] = "baseline,exact,sigmoid,hf",
+    device: Device = "auto",
+    dtype: Annotated[str, typer.Option(help="Logits dtype: float32 | bfloat16 | float16.")] = "float32",
+    overlap: Annotated[float, typer.Option(help="Synthetic draft/target overlap Σ min(p, q), i.e. the expected α.")] = 0.8,
+    repeat: Annotated[int, typer.Option(help="Timed calls per provider (at least; more while under 0.1 s).")] = 50,
+    backend: Annotated[str, typer.Option(help="exact/sigmoid kernels: auto (triton on CUDA, torch on CPU) | torch | triton.")] = "auto",
+    alpha: Alpha = -1e4,
+    beta: Beta = 1e4,
+    seed: Seed = 0,
+    threads: Annotated[Optional[int], typer.Option(help="torch intra-op threads (default: torch's, one per core).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write every figure, the command line and the machine as JSON.")] = None,
+    csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per (grid point, mode).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write PNG plots into this directory.")] = None,
+    as_json: Json = False,
+):
+    """Time the verification step on synthetic logits (or, later, whole decoding tasks) per γ and mode.
+
+    synthetic: one verification step on LM-like logits; per (V, B, γ) every mode is timed side by
+    side. Reports ms per step (median), the ratio to `baseline` and to transformers' own `hf` (B = 1),
+    and the acceptance rate of each mode. `--task summarize|transcribe` are not available yet.
+
+    Examples:
+
+        specdec bench --task synthetic
+        specdec bench --vocab 151936 --gamma 5 --batch 1 --json
+        specdec bench --out results.json --csv results.csv --plot plots/
+    """
+    from specdec_cli import bench as lib
+    from specdec_cli import render
+
+    if task not in lib.TASKS:
+        raise SpecdecError(f"--task must be one of {', '.join(lib.TASKS)} (got {task!r})")
+    if task == "synthetic":
+        config = lib.SyntheticConfig(
+            vocabs=lib.parse_ints(vocab, "--vocab"), gammas=lib.parse_ints(gamma, "--gamma"),
+            batches=lib.parse_ints(batch, "--batch"), modes=lib.parse_names(modes, "--modes", lib.SYNTHETIC_MODES),
+            device=device, dtype=dtype, overlap=overlap, repeat=repeat, backend=backend, alpha=alpha, beta=beta,
+            seed=seed, threads=threads,
+        )
+    else:
+        config = lib.TaskConfig(
+            task=task, gammas=lib.parse_ints(gamma, "--gamma"), batch=lib.parse_ints(batch, "--batch")[0],
+            modes=[m for m in lib.parse_names(modes, "--modes", lib.SYNTHETIC_MODES) if m != "hf"],
+            device=device, dtype=dtype, repeat=repeat, backend=backend, alpha=alpha, beta=beta, seed=seed,
+            threads=threads,
+        )
+    config.validate()
+    config.device = resolve_device(device)
+    warnings = lib.warnings_for(config)
+    for w in warnings:
+        render.warn(w)
+    with render.bench_progress(lib.total_steps(config), quiet=as_json) as advance:
+        results = lib.run(config, progress=advance, warnings=warnings)
+    paths = lib.write_outputs(results, out=out, csv_path=csv, plot_dir=plot)
+    if as_json:
+        print(json.dumps(results.to_dict()))
+    else:
+        render.bench_table(results)
+    render.written(paths)
+
+
+# Options shared by summarize and transcribe (and the model tasks of bench).
+Target = Annotated[str, typer.Option(help="Target model: `embedded`, a Hugging Face id, a local directory, or a .gguf file.")]
+Draft = Annotated[str, typer.Option(help="Draft model: as --target, or `self:K` (the target's own first K layers).")]
+Mode = Annotated[str, typer.Option(help="autoregressive | baseline | exact | sigmoid")]
+Gamma = Annotated[int, typer.Option(help="Draft tokens per step (γ).")]
+GammaSchedule = Annotated[str, typer.Option(help="constant | heuristic (start at γ, +2 when all accepted, −1 otherwise).")]
+Temperature = Annotated[float, typer.Option(help="0 = greedy (the default): output identical to the target alone.")]
+TopK = Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = off).")]
+TopP = Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1] (1 = off).")]
+MaxNew = Annotated[int, typer.Option(help="Never generate more than this many tokens per input.")]
+DType = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (auto: bf16 on CPUs that have it).")]
+BatchSize = Annotated[int, typer.Option(help="Inputs decoded together.")]
+Backend = Annotated[str, typer.Option(help="Kernel backend for exact/sigmoid: auto | torch | triton.")]
+
+MODES = ("autoregressive", "baseline", "exact", "sigmoid")
+
+
+def check_decoding_options(mode: str, gamma: int, max_new_tokens: int, batch_size: int, backend: str, gamma_schedule: str):
+    from specdec_cli import sampling  # noqa: F401 - SamplingParams validates the sampling options
+
+    if mode not in MODES:
+        raise SpecdecError(f"--mode must be one of {', '.join(MODES)} (got {mode!r})")
+    if gamma < 1:
+        raise SpecdecError(f"--gamma must be at least 1 (got {gamma})")
+    if max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    if batch_size < 1:
+        raise SpecdecError(f"--batch-size must be at least 1 (got {batch_size})")
+    if backend not in ("auto", "torch", "triton"):
+        raise SpecdecError(f"--backend must be auto, torch or triton (got {backend!r})")
+    if gamma_schedule not in ("constant", "heuristic"):
+        raise SpecdecError(f"--gamma-schedule must be constant or heuristic (got {gamma_schedule!r})")
+
+
+def emit_results(results, *, as_json: bool, device: str, title: str):
+    """Texts to stdout (or one JSON object per input), the stats table to stderr."""
+    from specdec_cli import render
+
+    for r in results:
+        if as_json:
+            print(json.dumps(render.result_json(r, device)), flush=True)
+        else:
+            if len(results) > 1:
+                print(f"==> {r.input} <==")
+            print(r.text, flush=True)
+    if not as_json:
+        render.stats_table(results, device=device, title=title)
+
+
+@app.command()
+@handle_errors
+def summarize(
+    articles: Annotated[list[str], typer.Argument(help="Text files to summarize; '-' reads stdin.")],
+    target: Target = "embedded",
+    draft: Draft = "embedded",
+    mode: Mode = "exact",
+    gamma: Gamma = 5,
+    gamma_schedule: GammaSchedule = "constant",
+    temperature: Temperature = 0.0,
+    top_k: TopK = 0,
+    top_p: TopP = 1.0,
+    seed: Seed = 0,
+    max_new_tokens: MaxNew = 100,
+    device: Device = "auto",
+    dtype: DType = "auto",
+    batch_size: BatchSize = 1,
+    alpha: Alpha = -1e4,
+    beta: Beta = 1e4,
+    backend: Backend = "auto",
+    truncate: Annotated[bool, typer.Option(help="Cut articles too long for the model's context instead of refusing them.")] = False,
+    as_json: Json = False,
+):
+    """Summarize articles with a causal-LM target and a smaller draft (default: the embedded
+    Qwen2.5-Coder 1.5B / 0.5B pair). The summary goes to stdout, the decoding stats to stderr.
+
+    Examples:
+
+        specdec summarize examples/articles/bumblebees.txt
+        specdec summarize --mode autoregressive examples/articles/*.txt
+        cat article.txt | specdec summarize - --temperature 0.7 --seed 1 --json
+        specdec summarize a.txt --target ./my-model --draft self:4 --gamma-schedule heuristic
+    """
+    from specdec_cli import render
+    from specdec_cli import summarize as task
+    from specdec_cli.sampling import SamplingParams
+
+    check_decoding_options(mode, gamma, max_new_tokens, batch_size, backend, gamma_schedule)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    inputs = [task.read_article(a) for a in articles]  # every input is checked before models load
+    tgt, drf = task.load_pair(target, draft, mode=mode, dtype=dtype, device=device, progress=not as_json)
+    with render.progress("summarizing", total=len(inputs), quiet=as_json) as advance:
+        results = task.summarize(
+            tgt, drf, inputs, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params,
+            max_new_tokens=max_new_tokens, batch_size=batch_size, truncate=truncate, alpha=alpha, beta=beta,
+            backend=backend, on_batch=advance,
+        )
+    emit_results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {mode}")
 
 
 def main():  # pragma: no cover - the console script

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -49,3 +50,135 @@ def kernel_report(report) -> None:
             highlight=False,
         )
     err.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
+
+
+@contextlib.contextmanager
+def progress(title: str, total: int, quiet: bool = False):
+    """A progress bar over inputs; yields advance(done, total)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if quiet or not err.is_terminal:
+        yield lambda done, total: None
+        return
+    with Progress(TextColumn(title), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
+        task = bar.add_task(title, total=total)
+        yield lambda done, total: bar.update(task, completed=done)
+
+
+STAT_FIELDS = (
+    "new_tokens", "target_calls", "draft_tokens", "accepted_tokens", "acceptance_rate",
+    "mean_accepted_per_call", "wall_s", "tokens_per_s", "verify_ms_per_call",
+)
+
+
+def result_json(result, device: str) -> dict:
+    """DESIGN.md's JSON object for one input; stats are those of the batch the input ran in."""
+    stats = result.stats.to_dict()
+    return {
+        "input": result.input,
+        "text": result.text,
+        "mode": stats["mode"],
+        "backend": stats.get("backend") or "torch",
+        "device": device,
+        "finish_reason": result.finish_reason,
+        "stats": {k: stats.get(k) for k in STAT_FIELDS} | {k: v for k, v in stats.items() if k not in STAT_FIELDS},
+    }
+
+
+def stats_table(results, *, device: str, title: str) -> None:
+    """One row per distinct batch of stats (one per input at --batch-size 1)."""
+    t = Table(title=title)
+    t.add_column("input")
+    for name in ("new tokens", "target calls", "accept rate", "accepted/call", "tok/s", "wall s", "verify ms/call"):
+        t.add_column(name, justify="right")
+    seen = set()
+    for r in results:
+        s = r.stats
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        names = ", ".join(x.input for x in results if x.stats is s)
+        t.add_row(
+            names, str(s.new_tokens), str(s.target_calls), _opt(s.acceptance_rate, ".3f"),
+            _opt(s.mean_accepted_per_call, ".2f"), f"{s.tokens_per_s:.2f}", f"{s.wall_s:.2f}", _opt(s.verify_ms_per_call, ".3f"),
+        )
+    err.print(t)
+    s = results[0].stats
+    err.print(f"mode {s.mode}, backend {s.backend or 'torch'}, device {device}, γ {s.gamma} ({s.gamma_schedule})", highlight=False)
+
+
+def _opt(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+# ------------------------------------------------------------------------------------------------ bench
+
+
+def warn(msg: str) -> None:
+    err.print(f"[bold yellow]warning:[/] {msg}", highlight=False)
+
+
+@contextlib.contextmanager
+def bench_progress(total: int, quiet: bool = False):
+    """A progress bar over the benchmark's grid; yields advance(next_label)."""
+    if quiet or not err.is_terminal:
+        yield lambda label: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err, transient=False) as bar:
+        task = bar.add_task("", total=total)
+        yield lambda label: bar.update(task, advance=1, description=f"done {label}")
+
+
+def _cell(key: str, v) -> str:
+    if v is None:
+        return "—"
+    if key.startswith("speedup") or key == "predicted_speedup":
+        return f"{v:.2f}×"
+    if key in ("acceptance_rate", "expected_acceptance_rate") or key.startswith("quality."):
+        return f"{v:.3f}"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int) and key == "vocab":
+        return f"{v:,}"
+    return str(v)
+
+
+def bench_table(results) -> None:
+    """The results table of `specdec bench` (a bench.BenchResults); its columns are results.columns."""
+    from specdec_cli.bench import value
+
+    m = results.machine
+    threads = f"{m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}"
+    title = f"bench {results.task} · {m['device']} · {threads} · torch {m['versions']['torch']}"
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    cols = results.columns
+    for key, header in cols:
+        t.add_column(header, justify="left" if key == "mode" else "right", no_wrap=True,
+                     min_width=14 if key == "mode" and results.task != "synthetic" else None)
+    previous = None
+    for r in results.records:
+        group = (r.vocab, r.batch, r.gamma) if results.task == "synthetic" else r.gamma
+        if previous is not None and group != previous:
+            t.add_section()
+        previous = group
+        t.add_row(*(_cell(key, value(r, key)) for key, _ in cols))
+    err.print(t)
+    if results.task == "synthetic":
+        backends = ", ".join(dict.fromkeys(f"{r.mode} {r.backend}" for r in results.records))
+        err.print(f"{m['device_name']}. ms/step: median of calls timed side by side, p10 and p90 beside it; "
+                  f"×base = baseline ms / mode ms; ×hf = hf ms / mode ms; acc = accepted / drafted over "
+                  f"{_calls(results)} calls; expect = the rate exact sampling must give on these draft tokens. "
+                  f"Backends: {backends}.", highlight=False)
+
+
+def _calls(results) -> str:
+    calls = [r.calls for r in results.records]
+    return f"{min(calls)}" if min(calls) == max(calls) else f"{min(calls)}–{max(calls)}"
+
+
+def written(paths) -> None:
+    for p in paths:
+        err.print(f"wrote {p}", highlight=False)
