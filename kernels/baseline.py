@@ -35,7 +35,7 @@ def verify_baseline(draft_tokens, draft_probs, target_logits, uniforms, temperat
     p_prime = torch.where(p_prime_sum > 0, p_prime / p_prime_sum, p_next)  # p == q: fall back to p
 
     generator = torch.Generator(device=p.device)
-    generator.manual_seed(int(uniforms[:, gamma].double().sum().item() * 2**52))
+    generator.manual_seed(int(uniforms[:, gamma].double().mean().item() * 2**52))  # mean: no overflow at any B
     t = torch.multinomial(p_prime, num_samples=1, generator=generator)[:, 0]  # [B]
 
     out_tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)

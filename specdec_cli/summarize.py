@@ -140,6 +140,11 @@ def summarize(
     prompts = encode(tok, model, articles, max_new_tokens, truncate)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos_ids(tok, model)), 0)
     eos = eos_ids(tok, model)
+    vocab = None
+    if draft is not None:
+        from specdec_cli.models import check_compatible
+
+        vocab = check_compatible(target, draft)  # lm_heads may pad rows past the shared vocabulary
     out: list[Summary] = []
     for start in range(0, len(articles), batch_size):
         chunk = slice(start, start + batch_size)
@@ -147,7 +152,7 @@ def summarize(
         result = generate(
             model, None if draft is None else draft.model, input_ids.to(target.device), attention_mask.to(target.device),
             mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params, max_new_tokens=max_new_tokens,
-            eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend,
+            eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend, vocab_size=vocab,
         )
         for article, tokens, reason in zip(articles[chunk], result.tokens, result.finish_reasons):
             text = tok.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()

@@ -1,0 +1,570 @@
+"""The decoding loop: autoregressive and speculative, for Hugging Face decoders with KV caches.
+
+    prefill both models -> repeat { draft γ tokens -> score γ+1 positions with the target in one pass
+    -> verify -> crop both caches to the accepted length -> adapt γ } until EOS or max_new_tokens.
+
+Layout. All rows of a batch share one grid of cache *slots*. Slot s of row b holds a token, a validity
+bit and a position id. Prompts are left-padded (pad slots invalid). Each round every row uses the same
+γ+1 new slots; a row that accepted fewer draft tokens than the longest row keeps its rejected slots
+in the cache, marked invalid (attention mask 0), and position ids count only valid slots, so every
+row sees exactly its own contiguous sequence. The caches are cropped to the longest row.
+
+Invariant between rounds: the last slot (`pending`) holds each row's newest token, which neither cache
+has seen yet; the target cache holds every slot before it; the draft cache may lag behind (it never
+sees its own last draft token when all are accepted) and is fed the missing slots next round.
+
+A model enters through `Decoder`, a small adapter (prefill / forward / crop / select) so that an
+encoder-decoder (Whisper) can plug in: extra forward kwargs (the encoder output) and a logits hook
+(suppressed tokens) are part of it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+import specdec_cli.verify as verification
+from specdec_cli.errors import SpecdecError
+from specdec_cli.sampling import (
+    SamplingParams,
+    process_logits,
+    sample_logits,
+    uniforms,
+)
+
+MODES = ("autoregressive", "baseline", "exact", "sigmoid", "reference")
+GAMMA_SCHEDULES = ("constant", "heuristic")
+
+# logits [B, T, V], positions [B, T] of the tokens these logits predict -> logits (e.g. −inf where
+# a token is suppressed)
+LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model adapter
+
+
+class Decoder:
+    """A decoder with a KV cache, as the loop sees it. Subclass and override `_call` / `new_cache`
+    for models whose forward differs from a causal LM's (Whisper: decoder_input_ids, encoder_outputs).
+
+    forward_kwargs: passed to every forward (e.g. encoder_outputs); tensors whose first dim is the
+    batch are row-selected with the cache when sequences finish.
+    logits_hook: applied to every logits tensor this decoder returns.
+    """
+
+    def __init__(self, model, *, forward_kwargs: dict | None = None, logits_hook: LogitsHook | None = None):
+        self.model = model
+        self.forward_kwargs = dict(forward_kwargs or {})
+        self.logits_hook = logits_hook
+        self.cache = None
+        self.length = 0  # slots in the cache
+        params = inspect.signature(model.forward).parameters
+        self._keeps_logits = "logits_to_keep" in params
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        head = self.model.get_output_embeddings()
+        return head.weight.shape[0] if head is not None else self.model.config.vocab_size
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def reset(self) -> None:
+        self.cache = self.new_cache()
+        self.length = 0
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
+        """One forward over tokens [B, T] at slots length..length+T -> logits [B, T or keep, V]."""
+        kwargs = dict(self.forward_kwargs)
+        if self._keeps_logits and keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[:, -keep:] if keep else out.logits
+
+    def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
+        """tokens [B, T], mask [B, length+T] bool or None (all valid), positions [B, T]
+        -> logits [B, T, V] (the last `keep` positions only, when keep > 0); the cache grows by T."""
+        logits = self._call(tokens, mask, positions, keep)
+        self.length += tokens.shape[1]
+        if self.logits_hook is not None:
+            logits = self.logits_hook(logits, positions[:, -logits.shape[1] :] + 1)
+        return logits
+
+    def prefill(self, tokens, mask, positions) -> None:
+        """Fill a fresh cache with the prompt slots; their logits are not needed."""
+        self.reset()
+        if tokens.shape[1] > 0:
+            self._call(tokens, mask, positions, keep=1)
+            self.length = tokens.shape[1]
+
+    def crop(self, length: int) -> None:
+        """Drop every slot from `length` on (no recomputation of the prefix)."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # transformers 5: a negative count to remove
+            self.length = length
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (int64 [B'])."""
+        if self.length > 0:
+            self.cache.batch_select_indices(rows)
+        self.forward_kwargs = {k: _select_rows(v, rows) for k, v in self.forward_kwargs.items()}
+
+
+class Seq2SeqDecoder(Decoder):
+    """The decoder half of an encoder-decoder model (Whisper). Run the encoder once and pass its output
+    as forward_kwargs={"encoder_outputs": ...} to both the target's and the draft's Seq2SeqDecoder."""
+
+    def new_cache(self):
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())  # self-attention, cross-attention
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
+        out = self.model(
+            decoder_input_ids=tokens,
+            decoder_attention_mask=mask,
+            decoder_position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            **self.forward_kwargs,
+        )
+        return out.logits[:, -keep:] if keep else out.logits
+
+
+def _select_rows(value, rows: torch.Tensor):
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        return value.index_select(0, rows.to(value.device))
+    if isinstance(value, dict):  # includes transformers' ModelOutput (e.g. BaseModelOutput)
+        return type(value)(**{k: _select_rows(v, rows) for k, v in value.items()})
+    if isinstance(value, tuple):
+        return tuple(_select_rows(v, rows) for v in value)
+    return value
+
+
+def as_decoder(model) -> Decoder | None:
+    if model is None or isinstance(model, Decoder):
+        return model
+    return Decoder(model)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class GenerationStats:
+    mode: str
+    gamma: int  # the initial γ (0 for autoregressive)
+    gamma_schedule: str
+    batch_size: int
+    backend: str | None = None  # which verification backend ran ("torch", "triton", ...)
+    new_tokens: int = 0  # emitted tokens, all rows (EOS included)
+    target_calls: int = 0  # target forward passes after the prefill
+    row_calls: int = 0  # Σ over target calls of the rows in that batch
+    draft_calls: int = 0  # draft forward passes after the prefill
+    draft_tokens: int = 0  # Σ over rows of the draft tokens proposed
+    accepted_tokens: int = 0  # Σ over rows of the draft tokens accepted
+    verify_calls: int = 0
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # draft forwards + draft sampling
+    target_s: float = 0.0  # target forwards (scoring) after the prefill
+    verify_s: float = 0.0  # the verify / verify_greedy call alone
+    gamma_history: list[int] = field(default_factory=list)  # γ of each round
+    accepted_histogram: list[int] = field(default_factory=list)  # [k]: verifications accepting k
+    # derived (filled by finish)
+    acceptance_rate: float | None = None  # accepted / drafted
+    mean_accepted_per_call: float | None = None  # draft tokens accepted per row per verification
+    mean_tokens_per_call: float | None = None  # tokens emitted per row per target call
+    tokens_per_s: float = 0.0
+    verify_ms_per_call: float | None = None
+    overhead_s: float = 0.0  # wall − prefill − draft − target − verify: the loop's own cost
+
+    def finish(self) -> "GenerationStats":
+        self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        verifications = sum(self.accepted_histogram)
+        self.mean_accepted_per_call = self.accepted_tokens / verifications if verifications else None
+        self.mean_tokens_per_call = self.new_tokens / self.row_calls if self.row_calls else None
+        self.tokens_per_s = self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        self.verify_ms_per_call = 1e3 * self.verify_s / self.verify_calls if self.verify_calls else None
+        self.overhead_s = self.wall_s - self.prefill_s - self.draft_s - self.target_s - self.verify_s
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens of each input row, in input order (EOS included)
+    finish_reasons: list[str]  # "eos" | "length"
+    stats: GenerationStats
+
+
+# ----------------------------------------------------------------------------------------------------
+# The slot grid shared by both models
+
+
+class _Slots:
+    """tokens, validity and positions of every slot, for the rows still decoding."""
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, device):
+        rows = _left_padded_rows(input_ids, attention_mask)
+        B, T = len(rows), max(len(r) for r in rows)
+        capacity = T + 64
+        self.tokens = torch.zeros(B, capacity, dtype=torch.int64)  # [B, S]
+        self.valid = torch.zeros(B, capacity, dtype=torch.bool)  # [B, S]
+        for b, r in enumerate(rows):
+            self.tokens[b, T - len(r) : T] = torch.tensor(r)
+            self.valid[b, T - len(r) : T] = True
+        self.positions = (self.valid.long().cumsum(1) - 1).clamp_min(0)  # [B, S] valid slots before
+        self.tokens, self.valid, self.positions = (
+            t.to(device) for t in (self.tokens, self.valid, self.positions)
+        )
+        self.length = T  # slots in use; the last one is `pending`
+        self.has_holes = any(len(r) < T for r in rows)  # False: mask all ones, may pass None
+
+    @property
+    def pending(self) -> int:
+        return self.length - 1
+
+    def ensure(self, extra: int) -> None:
+        """Room for `extra` more slots."""
+        need = self.length + extra
+        if need <= self.tokens.shape[1]:
+            return
+        grow = max(need, 2 * self.tokens.shape[1]) - self.tokens.shape[1]
+        self.tokens = torch.nn.functional.pad(self.tokens, (0, grow))
+        self.valid = torch.nn.functional.pad(self.valid, (0, grow))
+        self.positions = torch.nn.functional.pad(self.positions, (0, grow))
+
+    def window(self, start: int, end: int):
+        """(tokens [B, end−start], mask [B, end] or None, positions [B, end−start]) for slots start..end."""
+        mask = self.valid[:, :end] if self.has_holes else None
+        return self.tokens[:, start:end], mask, self.positions[:, start:end]
+
+    def append(self, tokens: torch.Tensor) -> None:
+        """One new valid slot per row, right after the last: tokens [B]."""
+        s = self.length
+        self.tokens[:, s] = tokens
+        self.valid[:, s] = True
+        self.positions[:, s] = self.positions[:, s - 1] + 1
+        self.length += 1
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.tokens, self.valid, self.positions = (
+            t.index_select(0, rows) for t in (self.tokens, self.valid, self.positions)
+        )
+
+
+def _left_padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
+    """Each row's real prompt tokens (any padding side accepted)."""
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise SpecdecError("input_ids must be a non-empty [batch, length] tensor")
+    ids = input_ids.cpu().tolist()
+    if attention_mask is None:
+        return ids
+    keep = attention_mask.cpu().bool().tolist()
+    rows = [[t for t, k in zip(r, m) if k] for r, m in zip(ids, keep)]
+    if any(len(r) == 0 for r in rows):
+        raise SpecdecError("a prompt is empty (its attention mask is all zero)")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# The stages
+
+
+def prefill(decoders: Iterable[Decoder], slots: _Slots) -> None:
+    """Every slot before `pending` into each cache."""
+    tokens, mask, positions = slots.window(0, slots.pending)
+    for decoder in decoders:
+        decoder.prefill(tokens, mask, positions)
+
+
+def draft(
+    decoder: Decoder, slots: _Slots, gamma: int, params: SamplingParams, generator, vocab: int, keep_logits: bool
+):
+    """γ tokens from the draft, each fed back through its cache; appended to the slots.
+
+    -> draft_tokens int64 [B, γ], draft_probs float32 [B, γ, V] (None if greedy),
+       draft_logits [B, γ, V] (only if keep_logits: raw, or processed when top-k/top-p is on)."""
+    B = slots.tokens.shape[0]
+    tokens = torch.empty(B, gamma, dtype=torch.int64, device=slots.tokens.device)
+    probs = None if params.greedy else torch.empty(B, gamma, vocab, device=slots.tokens.device)
+    raw = [] if keep_logits else None
+    for i in range(gamma):
+        # first step: every slot the draft cache lacks (the pending token, and any slot it never saw)
+        inp, mask, positions = slots.window(decoder.length, slots.length)
+        logits = _fit_vocab(decoder.forward(inp, mask, positions, keep=1)[:, -1], vocab)  # [B, V]
+        u = None if params.greedy else uniforms(B, generator)
+        token, p = sample_logits(logits, params, u)
+        tokens[:, i] = token
+        if probs is not None:
+            probs[:, i] = p
+        if raw is not None:  # sigmoid reads logits in the same space as the target's (see verify)
+            raw.append(process_logits(logits, params) if params.filtered else logits)
+        slots.append(token)
+    return tokens, probs, (torch.stack(raw, dim=1) if raw is not None else None)
+
+
+def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Cut or pad logits [..., V'] to the shared V. Draft: extra tokens are never proposed, missing ones
+    get −inf (lossless: the draft distribution is whatever it was drawn from). Target: only padding
+    rows of its lm_head are cut (V comes from check_compatible)."""
+    width = logits.shape[-1]
+    if width == vocab:
+        return logits
+    if width > vocab:
+        return logits[..., :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - width), value=-math.inf)
+
+
+def score(decoder: Decoder, slots: _Slots, start: int) -> torch.Tensor:
+    """The target over slots start..end (pending + γ draft tokens) in one pass -> logits [B, γ+1, V]."""
+    return decoder.forward(*slots.window(start, slots.length))
+
+
+def verify(mode, draft_tokens, draft_probs, draft_logits, target_logits, generator, params, alpha, beta, backend):
+    """The accept/reject rule lives in specdec_cli.verify; this only prepares its inputs.
+
+    Greedy: accept while draft == target argmax. Sampling: the target distribution must be processed
+    exactly as the draft's was (÷T fused in verify when only temperature is on; top-k/top-p applied
+    here, then temperature 1)."""
+    if params.greedy:
+        return verification.verify_greedy(draft_tokens, target_logits)
+    B, gamma = draft_tokens.shape
+    temperature = params.temperature
+    if params.filtered:
+        target_logits, temperature = process_logits(target_logits, params), 1.0
+    u = uniforms((B, gamma + 1), generator)  # [B, γ+1]
+    return verification.verify(
+        mode,
+        draft_tokens,
+        draft_probs,
+        target_logits,
+        u,
+        draft_logits=draft_logits,
+        temperature=temperature,
+        alpha=alpha,
+        beta=beta,
+        backend=backend,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# generate
+
+
+class _Rows:
+    """Per-row bookkeeping on the host: outputs, budget, which input row each active row is."""
+
+    def __init__(self, batch: int, max_new_tokens: int, eos: set[int]):
+        self.index = list(range(batch))  # active row -> input row
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+        self.reasons = ["length"] * batch
+        self.max_new = max_new_tokens
+        self.eos = eos
+
+    def remaining(self) -> list[int]:
+        return [self.max_new - len(self.tokens[i]) for i in self.index]
+
+    def emit(self, emitted: list[list[int]]) -> tuple[list[int], int]:
+        """Append each active row's new tokens, cut at its first EOS and at its budget.
+        -> (active rows that are still going, tokens emitted)."""
+        going, count = [], 0
+        for a, new in enumerate(emitted):
+            row = self.index[a]
+            new = new[: self.max_new - len(self.tokens[row])]
+            for j, t in enumerate(new):
+                if t in self.eos:  # an EOS ends the sequence right there
+                    new = new[: j + 1]
+                    self.reasons[row] = "eos"
+                    break
+            self.tokens[row].extend(new)
+            count += len(new)
+            if self.reasons[row] != "eos" and len(self.tokens[row]) < self.max_new:
+                going.append(a)
+        return going, count
+
+
+def generate(
+    target,
+    draft_model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    mode: str = "exact",
+    gamma: int = 5,
+    gamma_schedule: str = "constant",
+    params: SamplingParams = SamplingParams(),
+    max_new_tokens: int = 64,
+    eos_token_ids: Iterable[int] | int | None = (),
+    alpha: float = -1e4,
+    beta: float = 1e4,
+    backend: str = "auto",
+    vocab_size: int | None = None,
+) -> GenerationResult:
+    """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
+
+    target, draft_model: transformers causal LMs or `Decoder`s (draft_model unused, may be None, for
+    mode="autoregressive"). vocab_size: the V both models' logits are cut to (models.check_compatible's
+    answer when lm_heads carry padding rows); default: the target's lm_head rows.
+    Returns the new tokens of each row and the run's stats."""
+    if mode not in MODES:
+        raise SpecdecError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    if gamma_schedule not in GAMMA_SCHEDULES:
+        raise SpecdecError(f"unknown gamma schedule {gamma_schedule!r}; choose constant or heuristic")
+    speculative = mode != "autoregressive"
+    if speculative and gamma < 1:
+        raise SpecdecError(f"gamma must be >= 1, got {gamma}")
+    if speculative and draft_model is None:
+        raise SpecdecError(f"mode {mode!r} needs a draft model")
+    if max_new_tokens < 0:
+        raise SpecdecError(f"max-new-tokens must be >= 0, got {max_new_tokens}")
+    eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or ())
+
+    target = as_decoder(target)
+    draft_dec = as_decoder(draft_model) if speculative else None
+    device = target.device
+    with torch.inference_mode():
+        slots = _Slots(input_ids, attention_mask, device)
+        B = slots.tokens.shape[0]
+        stats = GenerationStats(mode, gamma if speculative else 0, gamma_schedule, B)
+        rows = _Rows(B, max_new_tokens, eos)
+        if max_new_tokens == 0:
+            return GenerationResult(rows.tokens, rows.reasons, stats.finish())
+        generator = params.generator(device)
+        vocab = vocab_size or target.vocab_size
+        decoders = [target] + ([draft_dec] if speculative else [])
+
+        t_start = _clock(device)
+        prefill(decoders, slots)
+        stats.prefill_s = _clock(device) - t_start
+        g = gamma
+        while True:
+            g_round = min(g, max(rows.remaining()) - 1) if speculative else 0  # never overshoot
+            slots.ensure(g_round + 1)
+            start = slots.pending
+            if g_round == 0:
+                out, accepted = _decode_one_token(target, slots, params, generator, vocab, stats)
+            else:
+                out, accepted = _speculate(
+                    target, draft_dec, slots, g_round, mode, params, generator, vocab, stats, alpha, beta, backend
+                )
+            going = _commit(slots, target, draft_dec, rows, out, accepted, start, g_round, stats)
+            if not going:
+                break
+            if len(going) < len(accepted):
+                _select(going, slots, decoders, rows)
+            if gamma_schedule == "heuristic" and g_round > 0:
+                g = g + 2 if min(accepted) == g_round else max(1, g - 1)
+        stats.wall_s = _clock(device) - t_start
+    return GenerationResult(rows.tokens, rows.reasons, stats.finish())
+
+
+def _decode_one_token(target: Decoder, slots: _Slots, params, generator, vocab: int, stats):
+    """The target alone: logits at `pending` -> one token per row. -> (out [B, 1], accepted zeros)."""
+    t0 = _clock(target.device)
+    logits = _fit_vocab(target.forward(*slots.window(slots.pending, slots.length), keep=1)[:, -1], vocab)  # [B, V]
+    B = logits.shape[0]
+    token, _ = sample_logits(logits, params, None if params.greedy else uniforms(B, generator))
+    stats.target_s += _clock(target.device) - t0
+    stats.target_calls += 1
+    stats.row_calls += B
+    return token[:, None], [0] * B
+
+
+def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, stats, alpha, beta, backend):
+    """One speculative round: draft γ, score γ+1, verify. -> (out_tokens [B, γ+1], accepted list)."""
+    device = target.device
+    start = slots.pending
+    t0 = _clock(device)
+    draft_tokens, draft_probs, draft_logits = draft(
+        draft_dec, slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid")
+    )
+    t1 = _clock(device)
+    target_logits = _fit_vocab(score(target, slots, start), vocab)  # [B, γ+1, V]
+    t2 = _clock(device)
+    verified = verify(
+        mode, draft_tokens, draft_probs, draft_logits, target_logits, generator, params, alpha, beta, backend
+    )
+    accepted = verified.num_accepted.tolist()  # the one host sync of the round
+    t3 = _clock(device)
+    B = draft_tokens.shape[0]
+    stats.draft_s += t1 - t0
+    stats.target_s += t2 - t1
+    stats.verify_s += t3 - t2
+    stats.draft_calls += g
+    stats.target_calls += 1
+    stats.row_calls += B
+    stats.verify_calls += 1
+    stats.draft_tokens += g * B
+    stats.accepted_tokens += sum(accepted)
+    stats.backend = verified.backend
+    stats.gamma_history.append(g)
+    hist = stats.accepted_histogram
+    hist.extend([0] * (g + 1 - len(hist)))
+    for n in accepted:
+        hist[n] += 1
+    return verified.out_tokens, accepted
+
+
+def _commit(slots, target, draft_dec, rows, out, accepted, start, g, stats) -> list[int]:
+    """Keep each row's accepted slots, mark its rejected ones invalid, write its new token to the
+    new pending slot, crop both caches to the longest row. -> active rows still going."""
+    longest = max(accepted)
+    pending = start + longest + 1  # the new pending slot, the same for every row
+    n = torch.tensor(accepted, device=slots.tokens.device)  # [B]
+    if longest > min(accepted):  # rows that accepted fewer: their extra slots become holes
+        offsets = torch.arange(1, longest + 1, device=n.device)  # [longest]
+        slots.valid[:, start + 1 : pending] = offsets[None, :] <= n[:, None]
+        slots.has_holes = True
+    new_token = out.gather(1, n[:, None]).squeeze(1)  # [B] the resampled / bonus token
+    slots.tokens[:, pending] = new_token
+    slots.valid[:, pending] = True
+    slots.positions[:, pending] = slots.positions[:, start] + n + 1
+    slots.length = pending + 1
+    target.crop(pending)
+    if draft_dec is not None:
+        draft_dec.crop(min(draft_dec.length, pending))
+
+    out_rows = out[:, : longest + 1].tolist()
+    emitted = [r[: a + 1] for r, a in zip(out_rows, accepted)]
+    going, count = rows.emit(emitted)
+    stats.new_tokens += count
+    return going
+
+
+def _select(going: list[int], slots: _Slots, decoders: list[Decoder], rows: _Rows) -> None:
+    """Drop finished rows from the slots, the caches and the bookkeeping."""
+    idx = torch.tensor(going, device=slots.tokens.device)
+    slots.select(idx)
+    for decoder in decoders:
+        decoder.select(idx)
+    rows.index = [rows.index[a] for a in going]
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

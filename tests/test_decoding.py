@@ -1,0 +1,429 @@
+"""The decoding loop on tiny random llama / qwen2 models (fp32, CPU).
+
+Greedy speculative decoding must match autoregressive token for token; sampling must reproduce the
+target's distribution (the exact joint of the first two tokens, computed from the target's probs).
+The draft is the target's own first layers, with the target's later layers damped so that the
+truncated copy agrees often but not always (acceptance well inside (0, 1): both paths run).
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate
+from specdec_cli.errors import SpecdecError
+from specdec_cli.sampling import SamplingParams, probs_from_logits, process_logits
+
+GREEDY = SamplingParams(temperature=0.0)
+ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+
+
+def make_pair(arch="llama", seed=0, vocab=64, layers=4, keep=2, damp=0.3, hidden=64):
+    """(target, draft): a random model and a copy of its first `keep` layers."""
+    config_cls, model_cls = ARCHS[arch]
+    torch.manual_seed(seed)
+    config = config_cls(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.3,  # clear argmax margins: batch/padding rounding never flips greedy
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    target = model_cls(config).eval()
+    with torch.no_grad():
+        for layer in target.model.layers[keep:]:
+            layer.self_attn.o_proj.weight.mul_(damp)
+            layer.mlp.down_proj.weight.mul_(damp)
+    draft_config = copy.deepcopy(config)
+    draft_config.num_hidden_layers = keep
+    draft = model_cls(draft_config).eval()
+    draft.load_state_dict(target.state_dict(), strict=False)
+    return target, draft
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models are faster on one thread, and far faster when other jobs share the 2 cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    return make_pair(request.param)
+
+
+PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5]])
+PROMPTS = [[3, 14, 15, 9, 26, 5], [7, 1], [42, 8, 8, 19]]  # different lengths
+
+
+def left_pad(rows, pad=0):
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def autoregressive(target, ids, mask=None, n=24, params=GREEDY, **kw):
+    return generate(target, None, ids, mask, mode="autoregressive", params=params, max_new_tokens=n, **kw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# greedy: token for token
+
+
+def test_autoregressive_matches_transformers_generate(pair):
+    target, _ = pair
+    ours = autoregressive(target, PROMPT, n=24)
+    theirs = target.generate(PROMPT, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert ours.tokens[0] == theirs[0, PROMPT.shape[1] :].tolist()
+    assert ours.stats.new_tokens == 24 and ours.stats.target_calls == 24 and ours.stats.draft_tokens == 0
+
+
+@pytest.mark.parametrize("mode", ["baseline", "exact"])
+@pytest.mark.parametrize("gamma", [1, 3, 5, 8])
+def test_greedy_speculative_equals_autoregressive(pair, mode, gamma):
+    target, draft = pair
+    expected = autoregressive(target, PROMPT, n=30).tokens
+    got = generate(target, draft, PROMPT, mode=mode, gamma=gamma, params=GREEDY, max_new_tokens=30)
+    assert got.tokens == expected
+    s = got.stats
+    assert 0.0 < s.acceptance_rate < 1.0, "the test needs both accepted and rejected drafts"
+    assert s.new_tokens == 30 and s.accepted_tokens == sum(k * c for k, c in enumerate(s.accepted_histogram))
+    assert s.target_calls < 30 and s.backend == "torch"
+
+
+@pytest.mark.parametrize("mode", ["baseline", "exact"])
+@pytest.mark.parametrize("schedule", ["constant", "heuristic"])
+def test_greedy_batch_rows_equal_their_own_b1_run(pair, mode, schedule):
+    target, draft = pair
+    expected = [autoregressive(target, torch.tensor([r]), n=20).tokens[0] for r in PROMPTS]
+    ids, mask = left_pad(PROMPTS)
+    got = generate(target, draft, ids, mask, mode=mode, gamma=3, gamma_schedule=schedule, params=GREEDY, max_new_tokens=20)
+    assert got.tokens == expected
+    assert autoregressive(target, ids, mask, n=20).tokens == expected  # batched autoregressive too
+
+
+def test_right_padding_is_accepted(pair):
+    target, draft = pair
+    expected = [autoregressive(target, torch.tensor([r]), n=8).tokens[0] for r in PROMPTS]
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in PROMPTS])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in PROMPTS])
+    assert generate(target, draft, ids, mask, gamma=4, params=GREEDY, max_new_tokens=8).tokens == expected
+
+
+def test_heuristic_schedule_rule():
+    """+2 when every draft token was accepted, −1 otherwise, never below 1."""
+    target, draft = make_pair("llama")
+    expected = autoregressive(target, PROMPT, n=40).tokens
+    got = generate(target, draft, PROMPT, gamma=2, gamma_schedule="heuristic", params=GREEDY, max_new_tokens=40)
+    assert got.tokens == expected
+    hist = got.stats.gamma_history
+    assert min(hist) >= 1 and len(set(hist)) > 1
+    # replay the rule from the accepted counts (B=1): the next γ follows from this round's outcome
+    same = generate(target, target, PROMPT, gamma=2, gamma_schedule="heuristic", params=GREEDY, max_new_tokens=40)
+    assert same.stats.gamma_history[:4] == [2, 4, 6, 8]  # the draft is the target: all accepted
+    assert same.stats.acceptance_rate == 1.0
+
+
+def test_one_token_prompt_and_vocab_mismatch():
+    """A prompt of one token (empty prefill) and a draft with a wider vocabulary than the target."""
+    target, _ = make_pair("qwen2", vocab=64)
+    _, wide = make_pair("qwen2", seed=1, vocab=72)
+    ids = torch.tensor([[11]])
+    expected = autoregressive(target, ids, n=12).tokens
+    assert generate(target, wide, ids, gamma=3, params=GREEDY, max_new_tokens=12).tokens == expected
+
+
+def test_logits_hook_suppresses_tokens_in_every_mode(pair):
+    """The hook Whisper needs: suppressed tokens never appear, and speculative still equals autoregressive."""
+    target, draft = pair
+    plain = autoregressive(target, PROMPT, n=20).tokens[0]
+    banned = sorted(set(plain[:5]))
+
+    def hook(logits, positions):
+        logits = logits.clone()
+        logits[..., banned] = -math.inf
+        return logits
+
+    t, d = Decoder(target, logits_hook=hook), Decoder(draft, logits_hook=hook)
+    expected = autoregressive(t, PROMPT, n=20).tokens
+    assert not set(expected[0]) & set(banned)
+    assert generate(t, d, PROMPT, gamma=4, params=GREEDY, max_new_tokens=20).tokens == expected
+    sampled = generate(t, d, PROMPT, gamma=4, params=SamplingParams(seed=3), max_new_tokens=20)
+    assert not set(sampled.tokens[0]) & set(banned)
+
+
+# ----------------------------------------------------------------------------------------------------
+# EOS and the token budget
+
+
+def test_eos_inside_accepted_draft_ends_there(pair):
+    target, _ = pair
+    plain = autoregressive(target, PROMPT, n=12).tokens[0]
+    eos = plain[3]
+    cut = plain[: plain.index(eos) + 1]
+    # the draft is the target itself: all γ = 6 drafts accepted, the EOS sits inside them
+    got = generate(target, target, PROMPT, gamma=6, params=GREEDY, max_new_tokens=12, eos_token_ids=[eos])
+    assert got.tokens == [cut] and got.finish_reasons == ["eos"]
+    assert got.stats.new_tokens == len(cut) and got.stats.target_calls == 1
+    assert autoregressive(target, PROMPT, n=12, eos_token_ids=eos).tokens == [cut]
+
+
+def test_batch_rows_finish_independently(pair):
+    target, draft = pair
+    b1 = [autoregressive(target, torch.tensor([r]), n=16).tokens[0] for r in PROMPTS]
+    eos = b1[1][2]  # ends row 1 early; maybe others too
+    expected = [r[: r.index(eos) + 1] if eos in r else r for r in b1]
+    ids, mask = left_pad(PROMPTS)
+    got = generate(target, draft, ids, mask, gamma=4, params=GREEDY, max_new_tokens=16, eos_token_ids={eos})
+    assert got.tokens == expected
+    assert got.finish_reasons == ["eos" if eos in r else "length" for r in b1]
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 7, 13])
+def test_max_new_tokens_never_exceeded(max_new):
+    target, _ = make_pair("llama")
+    expected = autoregressive(target, PROMPT, n=max_new).tokens
+    got = generate(target, target, PROMPT, gamma=5, params=GREEDY, max_new_tokens=max_new)  # all accepted
+    assert got.tokens == expected and len(got.tokens[0]) == max_new
+    assert got.stats.new_tokens == max_new and got.finish_reasons == ["length"]
+    assert sum(g + 1 for g in got.stats.gamma_history) <= max_new  # γ shrank instead of overshooting
+    sampled = generate(target, target, PROMPT, gamma=5, params=SamplingParams(seed=1), max_new_tokens=max_new)
+    assert len(sampled.tokens[0]) == max_new
+
+
+def test_zero_new_tokens():
+    target, draft = make_pair("llama")
+    got = generate(target, draft, PROMPT, params=GREEDY, max_new_tokens=0)
+    assert got.tokens == [[]] and got.stats.new_tokens == 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# sampling: the target's distribution
+
+
+def exact_first_two(target, prompt, params):
+    """P(x1, x2 | prompt) under the target alone, processed as `params` says: [V, V]."""
+    V = target.config.vocab_size
+    with torch.no_grad():
+        p1 = probs_from_logits(process_logits(target(prompt).logits[0, -1], params))  # [V]
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], dim=1)  # [V, T+1]
+        p2 = probs_from_logits(process_logits(target(seqs).logits[:, -1], params))  # [V, V]
+    return (p1[:, None] * p2).double()
+
+
+def first_two_pvalue(tokens, joint):
+    """Chi-square of the observed (x1, x2) pairs against the exact joint; cells expected < 5 pooled."""
+    V = joint.shape[0]
+    pairs = torch.tensor([r[:2] for r in tokens])
+    counts = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
+    expected = joint.flatten() * len(tokens)
+    assert counts[expected == 0].sum() == 0, "a token of probability zero was emitted"
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    if exp[-1] == 0:  # nothing to pool (top-k masks the small cells away)
+        obs, exp = obs[:-1], exp[:-1]
+    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+
+
+N_SAMPLES, CHUNK = 12_000, 3_000  # rows per generate call (one batch, independent randomness per row)
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    # vocab 8 and a one-layer draft that disagrees often (acceptance ~ 0.6 at T = 1)
+    return make_pair("llama", seed=5, vocab=8, hidden=16, layers=3, keep=1, damp=0.6)
+
+
+def sample_many(target, draft, prompt, params, **kw) -> list[list[int]]:
+    """N_SAMPLES independent runs of one prompt, CHUNK rows per batch, a different seed per batch."""
+    tokens, accepted, drafted = [], 0, 0
+    for i in range(N_SAMPLES // CHUNK):
+        chunk_params = SamplingParams(params.temperature, params.top_k, params.top_p, seed=params.seed + i)
+        got = generate(target, draft, prompt.expand(CHUNK, -1), params=chunk_params, **kw)
+        tokens += got.tokens
+        accepted, drafted = accepted + got.stats.accepted_tokens, drafted + got.stats.draft_tokens
+    return tokens, (accepted / drafted if drafted else None)
+
+
+@pytest.mark.parametrize(
+    "mode, params",
+    [
+        ("autoregressive", SamplingParams(temperature=1.0, seed=11)),
+        ("exact", SamplingParams(temperature=1.0, seed=12)),
+        ("baseline", SamplingParams(temperature=1.0, seed=13)),
+        ("exact", SamplingParams(temperature=0.7, top_k=5, top_p=0.95, seed=14)),
+    ],
+)
+def test_sampling_matches_the_targets_distribution(small_pair, mode, params):
+    """N_SAMPLES runs of one prompt: the joint of the first two tokens must fit the exact joint,
+    chi-square p > 1e-3 (γ = 3, 3 new tokens: the pair comes from accepted drafts, resampled tokens
+    and bonus tokens alike)."""
+    target, draft = small_pair
+    prompt = torch.tensor([[1, 6, 2, 3]])
+    joint = exact_first_two(target, prompt, params)
+    tokens, rate = sample_many(target, draft, prompt, params, mode=mode, gamma=3, max_new_tokens=3)
+    assert all(len(t) == 3 for t in tokens)
+    if mode != "autoregressive":
+        assert 0.2 < rate < 0.95  # rejections and resampling really happen
+    assert first_two_pvalue(tokens, joint) > 1e-3
+
+
+def test_distribution_test_has_power(small_pair):
+    """The same test rejects the draft's own distribution and sigmoid's lossy one."""
+    target, draft = small_pair
+    prompt = torch.tensor([[1, 6, 2, 3]])
+    params = SamplingParams(temperature=1.0, seed=21)
+    joint = exact_first_two(target, prompt, params)
+    drafted, _ = sample_many(draft, None, prompt, params, mode="autoregressive", max_new_tokens=2)
+    assert first_two_pvalue(drafted, joint) < 1e-6
+    sig, rate = sample_many(target, draft, prompt, params, mode="sigmoid", gamma=3, max_new_tokens=3)
+    assert rate > 0.95  # α = −1e4, β = 1e4: almost everything is accepted
+    assert first_two_pvalue(sig, joint) < 1e-6
+
+
+def test_sigmoid_runs_end_to_end_and_reports(pair):
+    target, draft = pair
+    got = generate(target, draft, PROMPT, mode="sigmoid", gamma=4, params=SamplingParams(seed=0), max_new_tokens=20)
+    d = got.stats.to_dict()
+    assert len(got.tokens[0]) == 20 and d["acceptance_rate"] is not None and d["mode"] == "sigmoid"
+    assert d["draft_tokens"] > 0 and d["verify_ms_per_call"] > 0
+
+
+def test_same_seed_same_output(pair):
+    target, draft = pair
+    runs = [generate(target, draft, PROMPT, params=SamplingParams(seed=7), max_new_tokens=16).tokens for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+# ----------------------------------------------------------------------------------------------------
+# stats and errors
+
+
+def test_stats_are_json_and_consistent(pair):
+    import json
+
+    target, draft = pair
+    got = generate(target, draft, PROMPT, gamma=3, params=GREEDY, max_new_tokens=20)
+    s = json.loads(json.dumps(got.stats.to_dict()))
+    for key in ("new_tokens", "target_calls", "draft_tokens", "accepted_tokens", "acceptance_rate",
+                "mean_accepted_per_call", "wall_s", "tokens_per_s", "verify_ms_per_call"):
+        assert key in s
+    assert s["draft_tokens"] == sum(s["gamma_history"]) and s["verify_calls"] == len(s["gamma_history"])
+    assert s["acceptance_rate"] == pytest.approx(s["accepted_tokens"] / s["draft_tokens"])
+    assert s["new_tokens"] == s["accepted_tokens"] + s["target_calls"]  # B=1: one extra token per call
+    assert s["wall_s"] >= s["draft_s"] + s["target_s"] + s["verify_s"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(mode="fast"), "mode"),
+        (dict(gamma=0), "gamma"),
+        (dict(gamma_schedule="cosine"), "schedule"),
+        (dict(max_new_tokens=-1), "max-new-tokens"),
+    ],
+)
+def test_bad_arguments_raise(pair, kwargs, words):
+    target, draft = pair
+    with pytest.raises(SpecdecError, match=words):
+        generate(target, draft, PROMPT, **kwargs)
+
+
+def test_missing_draft_and_empty_prompt_raise(pair):
+    target, _ = pair
+    with pytest.raises(SpecdecError, match="draft"):
+        generate(target, None, PROMPT, mode="exact")
+    with pytest.raises(SpecdecError, match="empty"):
+        generate(target, None, PROMPT, torch.zeros_like(PROMPT), mode="autoregressive")
+
+
+def test_vocab_size_cuts_padding_rows():
+    """vocab_size=V: tokens >= V are never emitted, by either model (check_compatible's V)."""
+    target, draft = make_pair("llama", vocab=64)
+    got = generate(target, draft, PROMPT, gamma=3, params=SamplingParams(seed=2), max_new_tokens=40, vocab_size=16)
+    assert max(got.tokens[0]) < 16
+    greedy = generate(target, draft, PROMPT, gamma=3, params=GREEDY, max_new_tokens=10, vocab_size=16)
+    assert greedy.tokens == autoregressive(target, PROMPT, n=10, vocab_size=16).tokens
+
+
+# ----------------------------------------------------------------------------------------------------
+# an encoder-decoder (Whisper) through the Seq2SeqDecoder adapter
+
+
+def test_whisper_decoder_plugs_in():
+    """Encoder run once, its output shared by the target's decoder and a 2-layer copy; left-padded
+    decoder prompts; rows finishing early (EOS) drop their encoder rows too. Reference: a plain
+    greedy loop without any cache."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    from transformers.modeling_outputs import BaseModelOutput
+
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=4, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8,
+        max_source_positions=16, max_target_positions=64, init_std=0.3,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )
+    target = WhisperForConditionalGeneration(config).eval()
+    draft_config = copy.deepcopy(config)
+    draft_config.decoder_layers = 2
+    draft = WhisperForConditionalGeneration(draft_config).eval()
+    draft.load_state_dict(target.state_dict(), strict=False)
+    with torch.inference_mode():
+        encoded = target.model.encoder(torch.randn(3, 8, 32)).last_hidden_state  # [3, 32, 32]
+
+    def on(model, rows):
+        return Seq2SeqDecoder(model, forward_kwargs={"encoder_outputs": BaseModelOutput(last_hidden_state=encoded[rows])})
+
+    prompts = [[1, 5, 7], [1, 9], [1, 3, 4, 6]]
+    expected = []
+    for b, prompt in enumerate(prompts):
+        seq = list(prompt)
+        with torch.inference_mode():
+            for _ in range(12):
+                enc = BaseModelOutput(last_hidden_state=encoded[b : b + 1])
+                seq.append(int(target(decoder_input_ids=torch.tensor([seq]), encoder_outputs=enc).logits[0, -1].argmax()))
+        expected.append(seq[len(prompt) :])
+    ids, mask = left_pad(prompts)
+    every = slice(None)
+    for gamma in (1, 3, 5):
+        got = generate(on(target, every), on(draft, every), ids, mask, gamma=gamma, params=GREEDY, max_new_tokens=12)
+        assert got.tokens == expected
+    eos = expected[1][2]
+    got = generate(on(target, every), on(draft, every), ids, mask, gamma=3, params=GREEDY, max_new_tokens=12, eos_token_ids=[eos])
+    assert got.tokens == [r[: r.index(eos) + 1] if eos in r else r for r in expected]
+    assert got.finish_reasons[1] == "eos"
+
+
+# ----------------------------------------------------------------------------------------------------
+# a real model: SmolLM2-135M (llama), bf16, with its own first layers as the draft
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["exact", "baseline"])
+def test_smollm2_self_draft_greedy_equals_autoregressive(smollm2, mode):
+    from specdec_cli.models import self_draft
+
+    tok = smollm2.tokenizer
+    prompts = ["The capital of France is", "def fibonacci(n):\n   "]
+    rows = [tok(p)["input_ids"] for p in prompts]
+    draft = self_draft(smollm2, 24)  # of 30 layers (acceptance ~ 0.1-0.3: SmolLM2's layers all matter)
+    expected = [autoregressive(smollm2.model, torch.tensor([r]), n=16).tokens[0] for r in rows]
+    ids, mask = left_pad(rows, pad=tok.pad_token_id or 0)
+    got = generate(smollm2.model, draft.model, ids, mask, mode=mode, gamma=4, params=GREEDY, max_new_tokens=16)
+    assert got.tokens == expected
+    assert got.stats.acceptance_rate > 0.0
