@@ -179,6 +179,8 @@ def bench(
         print(json.dumps(results.to_dict()))
     else:
         render.bench_table(results)
+    for w in results.warnings[len(warnings):]:
+        render.warn(w)
     render.written(paths)
 
 
@@ -252,6 +254,7 @@ def summarize(
     beta: Beta = 1e4,
     backend: Backend = "auto",
     truncate: Annotated[bool, typer.Option(help="Cut articles too long for the model's context instead of refusing them.")] = False,
+    draft_vocab: Annotated[int, typer.Option(help="Score only this many of the most frequent tokens (+ the prompt's) in the draft's output layer: a cheaper draft, the same output. 0 = the full vocabulary.")] = 32768,
     as_json: Json = False,
 ):
     """Summarize articles with a causal-LM target and a smaller draft (default: the embedded
@@ -269,6 +272,8 @@ def summarize(
     from specdec_cli.sampling import SamplingParams
 
     check_decoding_options(mode, gamma, max_new_tokens, batch_size, backend, gamma_schedule)
+    if draft_vocab < 0:
+        raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {draft_vocab})")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     inputs = [task.read_article(a) for a in articles]  # every input is checked before models load
     tgt, drf = task.load_pair(target, draft, mode=mode, dtype=dtype, device=device, progress=not as_json)
@@ -276,7 +281,7 @@ def summarize(
         results = task.summarize(
             tgt, drf, inputs, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params,
             max_new_tokens=max_new_tokens, batch_size=batch_size, truncate=truncate, alpha=alpha, beta=beta,
-            backend=backend, on_batch=advance,
+            backend=backend, draft_vocab=draft_vocab, on_batch=advance,
         )
     emit_results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {mode}")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from specdec_cli.decoding import GenerationStats, generate
+from specdec_cli.draft_head import frequent_ids, restrict_head
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sampling import SamplingParams
 
@@ -128,10 +129,13 @@ def summarize(
     alpha: float = -1e4,
     beta: float = 1e4,
     backend: str = "auto",
+    draft_vocab: int = 0,
     on_batch=None,
 ) -> list[Summary]:
     """Summaries of `articles` in input order. target/draft: models.LoadedModel (draft None for
-    autoregressive). on_batch(done, total) is called after each batch (progress)."""
+    autoregressive). draft_vocab > 0 cuts the draft's output layer to the draft_vocab most frequent
+    tokens plus the batch's prompt tokens (draft_head.py). on_batch(done, total) is called after each
+    batch (progress)."""
     if batch_size < 1:
         raise SpecdecError(f"--batch-size must be at least 1 (got {batch_size})")
     if max_new_tokens < 1:
@@ -149,6 +153,9 @@ def summarize(
     for start in range(0, len(articles), batch_size):
         chunk = slice(start, start + batch_size)
         input_ids, attention_mask = left_pad(prompts[chunk], pad)
+        if draft is not None and draft_vocab > 0:
+            keep = torch.cat([frequent_ids(draft_vocab, draft.output_size), input_ids.flatten(), torch.tensor(sorted(eos))])
+            restrict_head(draft.model, keep)
         result = generate(
             model, None if draft is None else draft.model, input_ids.to(target.device), attention_mask.to(target.device),
             mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params, max_new_tokens=max_new_tokens,

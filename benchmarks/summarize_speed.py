@@ -1,0 +1,138 @@
+"""Tokens/s of summarization on a real target/draft pair, every contender in one run, interleaved
+article by article so that machine noise hits them alike:
+
+    autoregressive   the target alone (specdec's loop, γ = 0)
+    hf-assisted      transformers' generate(assistant_model=draft), its default schedule
+    baseline         specdec, transformers-style verification
+    exact            specdec, the exact kernel (torch twin on a CPU)
+    exact+subset     the same, with the draft's output layer cut to --draft-vocab tokens + the prompt's
+
+Greedy (the issue's setting), so every contender must print the same tokens: checked, and reported.
+
+    .venv/bin/python benchmarks/summarize_speed.py --gamma 5 --max-new-tokens 100 --out benchmarks/summarize-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_cli import summarize as task
+from specdec_cli.decoding import generate
+from specdec_cli.draft_head import frequent_ids, restrict_head
+from specdec_cli.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="embedded")
+    ap.add_argument("--draft", default="embedded")
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--draft-vocab", type=int, default=32768)
+    ap.add_argument("--max-new-tokens", type=int, default=100)
+    ap.add_argument("--articles", type=int, default=0, help="how many example articles (0 = all)")
+    ap.add_argument("--contenders", default="autoregressive,hf-assisted,baseline,exact,exact+subset")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    target, draft = task.load_pair(args.target, args.draft, mode="exact", dtype="auto", device="cpu")
+    paths = sorted(p for p in Path("examples/articles").glob("*.txt") if not p.name.endswith(".ref.txt"))
+    if args.articles:
+        paths = paths[: args.articles]
+    articles = [task.read_article(str(p)) for p in paths]
+    tok = target.tokenizer
+    eos = task.eos_ids(tok, target.model)
+    contenders = args.contenders.split(",")
+    full_head = draft.model.get_output_embeddings()
+
+    def run(name, ids, mask):
+        if name == "hf-assisted":
+            out = target.model.generate(
+                input_ids=ids, attention_mask=mask, assistant_model=draft.model, do_sample=False,
+                max_new_tokens=args.max_new_tokens, eos_token_id=list(eos), pad_token_id=tok.pad_token_id,
+            )
+            new = out[0, ids.shape[1] :].tolist()
+            return new, {}
+        mode = "exact" if name.startswith("exact") else name
+        if name == "exact+subset":
+            restrict_head(draft.model, torch.cat([frequent_ids(args.draft_vocab, full_head.weight.shape[0]), ids[0]]))
+        else:
+            draft.model.set_output_embeddings(full_head)
+        got = generate(
+            target.model, None if mode == "autoregressive" else draft.model, ids, mask, mode=mode, gamma=args.gamma,
+            params=GREEDY, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
+        )
+        draft.model.set_output_embeddings(full_head)
+        return got.tokens[0], got.stats.to_dict()
+
+    totals = {c: {"tokens": 0, "seconds": 0.0, "accepted": 0, "drafted": 0, "verify_s": 0.0, "verify_calls": 0} for c in contenders}
+    per_article, mismatches = [], []
+    with torch.inference_mode():
+        for art in articles:
+            ids, mask = task.left_pad(task.encode(tok, target.model, [art], args.max_new_tokens, False), tok.pad_token_id or 0)
+            outputs = {}
+            for name in contenders:
+                start = time.perf_counter()
+                new, stats = run(name, ids, mask)
+                seconds = time.perf_counter() - start
+                outputs[name] = new
+                t = totals[name]
+                t["tokens"] += len(new)
+                t["seconds"] += seconds
+                t["accepted"] += stats.get("accepted_tokens", 0) or 0
+                t["drafted"] += stats.get("draft_tokens", 0) or 0
+                t["verify_s"] += stats.get("verify_s", 0.0) or 0.0
+                t["verify_calls"] += stats.get("verify_calls", 0) or 0
+                print(f"{art.name:45s} {name:15s} {len(new):4d} tok {seconds:7.2f} s {len(new) / seconds:6.2f} tok/s", flush=True)
+            ref = outputs[contenders[0]]
+            for name, new in outputs.items():
+                n = min(len(new), len(ref))
+                if new[:n] != ref[:n]:
+                    mismatches.append((art.name, name))
+            per_article.append({"article": art.name, "text": tok.decode(ref, skip_special_tokens=True)})
+
+    base = totals.get("autoregressive")
+    rows = []
+    for name, t in totals.items():
+        tps = t["tokens"] / t["seconds"]
+        row = {
+            "contender": name, "tokens": t["tokens"], "seconds": round(t["seconds"], 2), "tokens_per_s": round(tps, 3),
+            "ms_per_token": round(1e3 / tps, 1),
+            "acceptance_rate": round(t["accepted"] / t["drafted"], 3) if t["drafted"] else None,
+            "verify_ms_per_call": round(1e3 * t["verify_s"] / t["verify_calls"], 3) if t["verify_calls"] else None,
+        }
+        if base:
+            row["speedup_vs_autoregressive"] = round(tps / (base["tokens"] / base["seconds"]), 3)
+        if "hf-assisted" in totals:
+            hf = totals["hf-assisted"]
+            row["speedup_vs_hf_assisted"] = round(tps / (hf["tokens"] / hf["seconds"]), 3)
+        rows.append(row)
+        print(json.dumps(row))
+    print("outputs identical to the first contender:", not mismatches, mismatches[:5])
+    if args.out:
+        result = {
+            "command": "python benchmarks/summarize_speed.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in ("", None)),
+            "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+            "target": target.name, "draft": draft.name, "dtype": str(target.dtype), "gamma": args.gamma,
+            "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "articles": [a.name for a in articles],
+            "greedy_outputs_identical": not mismatches, "results": rows, "summaries": per_article,
+        }
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
