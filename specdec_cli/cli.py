@@ -36,14 +36,14 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except SpecdecError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False)
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - the last resort: never a bare traceback
             if os.environ.get("SPECDEC_DEBUG") == "1":
                 raise
-            err.print(f"[bold red]error:[/] unexpected failure: {type(e).__name__}: {e} (set SPECDEC_DEBUG=1 for the traceback)", highlight=False)
+            err.print(f"[bold red]error:[/] unexpected failure: {type(e).__name__}: {e} (set SPECDEC_DEBUG=1 for the traceback)", highlight=False, soft_wrap=True)
             raise typer.Exit(1)
 
     return wrapper

@@ -1,0 +1,141 @@
+"""`specdec summarize` through the CLI, on a tiny random model saved locally (the path users take with
+their own models): greedy speculative output equals the target alone, JSON fields, one-line errors."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+from test_models import tiny_config, word_tokenizer
+
+runner = CliRunner()
+ARTICLE = " ".join(f"w{(i * 37) % 900 + 2}" for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    config = tiny_config("llama", layers=4)
+    config.initializer_range = 0.3  # clear argmax margins: greedy never flips on rounding
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def article(tmp_path_factory):
+    p = tmp_path_factory.mktemp("articles") / "a.txt"
+    p.write_text(ARTICLE)
+    return p
+
+
+def summarize(*args):
+    return runner.invoke(app, ["summarize", *map(str, args)])
+
+
+def common(model_dir):
+    return ["--target", model_dir, "--draft", "self:2", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "20"]
+
+
+def test_greedy_exact_and_baseline_equal_autoregressive(model_dir, article):
+    texts = {}
+    for mode in ("autoregressive", "baseline", "exact"):
+        r = summarize(article, *common(model_dir), "--mode", mode, "--json")
+        assert r.exit_code == 0, r.output
+        obj = json.loads(r.stdout)
+        texts[mode] = obj["text"]
+        assert obj["mode"] == mode and obj["device"] == "cpu" and obj["input"] == str(article)
+        for key in ("new_tokens", "target_calls", "draft_tokens", "accepted_tokens", "acceptance_rate",
+                    "mean_accepted_per_call", "wall_s", "tokens_per_s", "verify_ms_per_call"):
+            assert key in obj["stats"]
+        assert 0 < obj["stats"]["new_tokens"] <= 20
+    assert texts["exact"] == texts["autoregressive"] == texts["baseline"]
+    assert texts["exact"], "the random model should say something"
+
+
+def test_sampling_modes_run_and_report_acceptance(model_dir, article):
+    for mode in ("exact", "sigmoid"):
+        r = summarize(article, *common(model_dir), "--mode", mode, "--temperature", "1", "--top-p", "0.9", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["stats"]["acceptance_rate"] is not None
+
+
+def test_batch_of_articles_and_stdin(model_dir, article, tmp_path):
+    other = tmp_path / "b.txt"
+    other.write_text(" ".join(ARTICLE.split()[:20]))
+    one = [json.loads(line)["text"] for line in summarize(article, other, *common(model_dir), "--json").stdout.splitlines()]
+    batched = summarize(article, other, *common(model_dir), "--json", "--batch-size", "2")
+    assert batched.exit_code == 0, batched.output
+    assert [json.loads(line)["text"] for line in batched.stdout.splitlines()] == one
+    piped = runner.invoke(app, ["summarize", "-", *map(str, common(model_dir)), "--json"], input=ARTICLE)
+    assert piped.exit_code == 0 and json.loads(piped.stdout)["text"] == one[0]
+
+
+def test_too_long_is_refused_unless_truncated(model_dir, tmp_path):
+    long = tmp_path / "long.txt"
+    long.write_text(" ".join(["w5"] * 400))  # the tiny model's context is 256
+    r = summarize(long, *common(model_dir))
+    assert r.exit_code == 2 and "context" in r.output and "--truncate" in r.output
+    assert summarize(long, *common(model_dir), "--truncate").exit_code == 0
+
+
+def bad_inputs(tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n\t ")
+    (tmp_path / "binary.txt").write_bytes(b"\x89PNG\x00\x01\x02")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    return {
+        "missing": (tmp_path / "nope.txt", "no such file"),
+        "directory": (tmp_path, "directory"),
+        "empty": (tmp_path / "empty.txt", "empty"),
+        "binary": (tmp_path / "binary.txt", "binary"),
+        "not utf-8": (tmp_path / "latin1.txt", "UTF-8"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "empty", "binary", "not utf-8"])
+def test_bad_input_is_one_line_exit_2(case, tmp_path, model_dir):
+    path, words = bad_inputs(tmp_path)[case]
+    r = summarize(path, *common(model_dir))
+    assert r.exit_code == 2
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], r.output
+
+
+@pytest.mark.parametrize(
+    "option, value, words",
+    [
+        ("--gamma", "0", "--gamma"),
+        ("--temperature", "-1", "temperature"),
+        ("--top-p", "0", "top-p"),
+        ("--top-p", "1.5", "top-p"),
+        ("--top-k", "-2", "top-k"),
+        ("--max-new-tokens", "0", "--max-new-tokens"),
+        ("--mode", "turbo", "--mode"),
+        ("--draft", "self:9", "self:9"),
+        ("--target", "/no/such/model", "no such file"),
+        ("--target", "nobody/unknown-model-xyz", "unknown-model-xyz"),
+    ],
+)
+def test_bad_options_are_one_line_exit_2(option, value, words, model_dir, article):
+    args = common(model_dir)
+    if option in args:
+        args[args.index(option) + 1] = value
+    else:
+        args += [option, value]
+    r = summarize(article, *args)
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.output, r.output
+
+
+def test_draft_with_another_vocabulary_is_refused(model_dir, article, tmp_path):
+    other = tmp_path / "other"
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(tiny_config("qwen2", layers=2), dtype=torch.float32).save_pretrained(other)
+    word_tokenizer(["<unk>", "<eos>"] + [f"v{i}" for i in range(998)]).save_pretrained(other)
+    r = summarize(article, *common(model_dir)[:2], "--draft", other, "--dtype", "float32")
+    assert r.exit_code == 2 and ("vocabular" in r.output.lower() or "token" in r.output), r.output
