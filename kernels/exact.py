@@ -66,20 +66,36 @@ def check_finite(lse):
 
 
 def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
+    """The CPU path. Unlike the kernel it walks the rows in order and stops at each sequence's first
+    rejection: on a CPU, branching on a value costs nothing, and the log-sum-exp of a row (a pass over
+    V) is nearly all of the work, so rows after every sequence's first rejection are never read.
+    A NaN in such a row cannot change the output and is not reported."""
     B, gamma = draft_tokens.shape
     batch = torch.arange(B, device=draft_tokens.device)  # [B]
-    z = target_logits if temperature == 1.0 else target_logits / temperature  # [B, γ+1, V]
-    lse = torch.logsumexp(z.float(), dim=-1)  # [B, γ+1]  the one pass over every row
-    check_finite(lse)
-
-    # acceptance from gathered scalars: accept x iff q(x) > 0 and u·q(x) <= p(x)
-    z_x = z[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0].float()  # [B, γ]
-    p_x = torch.exp(z_x - lse[:, :gamma])  # [B, γ]
+    inv_t = 1.0 / temperature
+    z_x = target_logits[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0].float() * inv_t  # [B, γ]
     q_x = draft_probs.gather(-1, draft_tokens[..., None])[..., 0].float()  # [B, γ]
-    n = _first_rejection((q_x > 0) & (uniforms[:, :gamma] * q_x <= p_x))  # [B]
+    n = torch.full((B,), gamma, dtype=torch.int64, device=draft_tokens.device)  # first rejection, γ if none
+    lse = torch.zeros(B, dtype=torch.float32, device=draft_tokens.device)  # of row n
+    undecided = batch  # sequences whose first rejection is not found yet
+    for c in range(gamma + 1):
+        z_c = target_logits[:, c] if len(undecided) == B else target_logits[undecided, c]  # [b, V]
+        lse_c = torch.logsumexp(z_c.float() * inv_t if inv_t != 1.0 else z_c.float(), dim=-1)  # [b]
+        check_finite(lse_c)
+        lse[undecided] = lse_c
+        if c == gamma:
+            break
+        # acceptance from gathered scalars: accept x iff q(x) > 0 and u·q(x) <= p(x) = exp(z(x)/T − lse)
+        q_c = q_x[undecided, c]
+        accepted = (q_c > 0) & (uniforms[undecided, c] * q_c <= torch.exp(z_x[undecided, c] - lse_c))
+        n[undecided[~accepted]] = c
+        undecided = undecided[accepted]
+        if len(undecided) == 0:
+            break
 
     # the one row each sequence draws from: residual max(0, p − q) at n < γ, p itself at n == γ
-    p_n = torch.exp(z[batch, n].float() - lse[batch, n][:, None])  # [B, V]
+    z_n = target_logits[batch, n].float()  # [B, V]
+    p_n = torch.exp((z_n * inv_t if inv_t != 1.0 else z_n) - lse[:, None])  # [B, V]
     q_n = draft_probs[batch, n.clamp(max=gamma - 1)].float()  # [B, V]
     q_n = torch.where((n < gamma)[:, None], q_n, 0.0)
     weights = (p_n - q_n).clamp_(min=0.0)  # [B, V]
