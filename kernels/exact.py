@@ -38,12 +38,31 @@ def _first_rejection(accepted):
     return accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
 
+DRAW_BLOCK = 1024
+
+
 def draw_from_weights(weights, u):
     """weights [B, V] >= 0 (unnormalised), u [B] in (0, 1] -> [B]: the first token whose running sum
-    reaches u · Σ weights. Zero-weight tokens are never drawn (the running sum does not move there)."""
-    cdf = weights.double().cumsum(dim=-1)  # [B, V]
-    threshold = u.double()[:, None] * cdf[:, -1:]  # [B, 1]
-    return torch.searchsorted(cdf, threshold, side="left").clamp_(max=cdf.shape[-1] - 1)[:, 0]
+    reaches u · Σ weights. Zero-weight tokens are never drawn (the running sum does not move there).
+    Two levels, as in the kernel: the block where the running sum crosses, then the token inside it."""
+    B, V = weights.shape
+    nb = -(-V // DRAW_BLOCK)
+    blocks = torch.nn.functional.pad(weights, (0, nb * DRAW_BLOCK - V)).view(B, nb, DRAW_BLOCK)  # [B, nb, BLOCK]
+    block_sums = blocks.sum(dim=-1, dtype=torch.float64)  # [B, nb]
+    running = block_sums.cumsum(dim=-1)  # [B, nb]
+    threshold = u.double()[:, None] * running[:, -1:]  # [B, 1]
+    k = torch.searchsorted(running, threshold, side="left").clamp_(max=nb - 1)  # [B, 1] the block
+    w = blocks[torch.arange(B, device=weights.device), k[:, 0]]  # [B, BLOCK]
+    inside = (running.gather(-1, k) - block_sums.gather(-1, k)) + w.double().cumsum(dim=-1)  # [B, BLOCK]
+    j = torch.searchsorted(inside, threshold, side="left").clamp_(max=DRAW_BLOCK - 1)  # [B, 1]
+    # rounding can leave j on a zero weight at a block edge: take the last positive weight before it,
+    # else the first positive one in the block
+    positive = w > 0
+    idx = torch.arange(DRAW_BLOCK, device=weights.device)
+    last_before = torch.where(positive & (idx <= j), idx, -1).amax(dim=-1, keepdim=True)
+    first = positive.to(torch.int8).argmax(dim=-1, keepdim=True)
+    j = torch.where(positive.gather(-1, j), j, torch.where(last_before >= 0, last_before, first))
+    return (k * DRAW_BLOCK + j)[:, 0]
 
 
 def assemble(draft_tokens, n, token):

@@ -94,15 +94,12 @@ def probs_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse CDF: probs [B, V] (need not be normalised), u [B] in (0, 1] -> int64 [B].
+    """Inverse CDF: probs [B, V] (need not be normalised), u [B] in (0, 1] -> int64 [B]: the first token
+    whose running sum reaches u · Σ probs; a zero-probability token is never returned. The same draw
+    verification uses for its resampled token (kernels/exact.py)."""
+    from specdec_cli.kernels.exact import draw_from_weights
 
-    Returns the first token whose running sum reaches u · Σ probs. The running sum is float64 and the
-    threshold is > 0, so a zero-probability token is never returned (its running sum equals its
-    predecessor's, which would have been returned first)."""
-    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # [B, V] non-decreasing
-    threshold = (u.double() * cdf[:, -1]).clamp_min(torch.finfo(torch.float64).tiny)  # [B], > 0
-    tokens = torch.searchsorted(cdf, threshold[:, None], right=False).squeeze(-1)  # first cdf >= t
-    return tokens.clamp_max(probs.shape[-1] - 1)
+    return draw_from_weights(probs, u)
 
 
 def uniforms(shape, generator: torch.Generator, device=None) -> torch.Tensor:
