@@ -1,16 +1,10 @@
 """Verification kernels, each beside its torch reference. Imported as ``specdec_cli.kernels``.
 
-Triton picks compiled or interpreted execution when a kernel is decorated, i.e. at import. Without a
-CUDA device a Triton kernel can only run under the interpreter, so that is chosen here, before any
-kernel module is imported.
+Whether Triton kernels compile for a GPU or run under the interpreter is chosen when `specdec_cli`
+is imported (see its __init__): interpreter without a CUDA device.
 """
 
 import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def triton_backend_name() -> str:
