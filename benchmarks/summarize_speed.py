@@ -46,8 +46,11 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=100)
     ap.add_argument("--articles", type=int, default=0, help="how many example articles (0 = all)")
     ap.add_argument("--contenders", default="autoregressive,hf-assisted,baseline,exact,exact+subset")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     target, draft = task.load_pair(args.target, args.draft, mode="exact", dtype="auto", device="cpu")
     paths = sorted(p for p in Path("examples/articles").glob("*.txt") if not p.name.endswith(".ref.txt"))

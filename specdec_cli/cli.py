@@ -120,7 +120,7 @@ def bench(
     task: Annotated[str, typer.Option(help="synthetic | summarize | transcribe")] = "synthetic",
     vocab: Annotated[str, typer.Option(help="Vocabulary sizes V, comma-separated (synthetic).")] = "32000,151936",
     gamma: Annotated[str, typer.Option(help="Draft lengths γ, comma-separated (1..32).")] = "1,5,10",
-    batch: Annotated[str, typer.Option(help="Batch sizes B, comma-separated.")] = "1,8",
+    batch: Annotated[str, typer.Option(help="Batch sizes B, comma-separated (a decoding task runs at the smallest).")] = "1,8",
     modes: Annotated[str, typer.Option(help="Comma-separated: baseline, exact, sigmoid, and hf (transformers' own, B = 1 only).")] = "baseline,exact,sigmoid,hf",
     device: Device = "auto",
     dtype: Annotated[str, typer.Option(help="Logits dtype: float32 | bfloat16 | float16.")] = "float32",
@@ -284,6 +284,66 @@ def summarize(
             backend=backend, draft_vocab=draft_vocab, on_batch=advance,
         )
     emit_results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {mode}")
+
+
+@app.command()
+@handle_errors
+def transcribe(
+    audio: Annotated[list[str], typer.Argument(help="Audio files: wav, flac, ogg, mp3, ... (any rate, mono or stereo).")],
+    target: Annotated[str, typer.Option(help="Whisper target: `embedded` (Whisper base), `embedded:tiny.en`, a Hugging Face id, or a local directory.")] = "embedded",
+    draft: Annotated[str, typer.Option(help="`self` (the target's decoder layers, shared, with a reduced output layer), `self:K` (its first K layers), or another Whisper model with the same vocabulary.")] = "self",
+    mode: Mode = "exact",
+    gamma: Gamma = 5,
+    gamma_schedule: GammaSchedule = "constant",
+    temperature: Temperature = 0.0,
+    top_k: TopK = 0,
+    top_p: TopP = 1.0,
+    seed: Seed = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Never generate more than this many tokens per 30 s window.")] = 224,
+    device: Device = "auto",
+    dtype: DType = "auto",
+    batch_size: Annotated[int, typer.Option(help="30 s windows decoded together.")] = 1,
+    alpha: Alpha = -1e4,
+    beta: Beta = 1e4,
+    backend: Backend = "auto",
+    language: Annotated[str, typer.Option(help="auto (detected per file; English-only models: en) or a language code: en, de, fr, ...")] = "auto",
+    task_name: Annotated[str, typer.Option("--task", help="transcribe | translate (into English; multilingual models only).")] = "transcribe",
+    draft_vocab: Annotated[int, typer.Option(help="The draft's output layer scores only the token ids below this (+ end of text): a cheaper draft, the same output. 0 = the full vocabulary.")] = 16384,
+    as_json: Json = False,
+):
+    """Transcribe speech with a Whisper target and a speculative draft (default: Whisper base, drafting
+    with its own decoder layers and a reduced output layer). Audio longer than 30 s is transcribed window by
+    window, cut in pauses. The transcript goes to stdout, the decoding stats to stderr.
+
+    Examples:
+
+        specdec transcribe examples/audio/librivox-sense-and-sensibility-0870.wav
+        specdec transcribe talk.mp3 --mode autoregressive --json
+        specdec transcribe interview.flac --language de --task translate
+        specdec transcribe a.wav --target embedded:tiny.en --gamma 3
+        specdec transcribe a.wav --target ./my-whisper --draft ./my-whisper-small
+    """
+    from specdec_cli import render
+    from specdec_cli import transcribe as tx
+    from specdec_cli.sampling import SamplingParams
+
+    check_decoding_options(mode, gamma, max_new_tokens, batch_size, backend, gamma_schedule)
+    if draft_vocab < 0:
+        raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {draft_vocab})")
+    if task_name not in tx.TASKS:
+        raise SpecdecError(f"--task must be transcribe or translate (got {task_name!r})")
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    audios = tx.check_inputs(audio)  # every input is read before models load
+    tgt, drf = tx.load_pair(target, draft, mode=mode, dtype=dtype, device=device, head_size=draft_vocab or None,
+                            progress=not as_json)
+    tx.check_language_task(tgt, language.lower(), task_name)
+    with render.progress("transcribing", total=sum(tx.count_windows(a) for a in audios), quiet=as_json) as advance:
+        results = tx.transcribe(
+            tgt, drf, audio, audios=audios, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params,
+            max_new_tokens=max_new_tokens, batch_size=batch_size, language=language, task=task_name, alpha=alpha,
+            beta=beta, backend=backend, on_window=advance,
+        )
+    emit_results(results, as_json=as_json, device=str(tgt.device), title=f"transcribe --mode {mode}")
 
 
 def main():  # pragma: no cover - the console script

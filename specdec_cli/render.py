@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 from rich import box
 from rich.console import Console
@@ -135,43 +136,49 @@ def bench_progress(total: int, quiet: bool = False):
 def _cell(key: str, v) -> str:
     if v is None:
         return "—"
+    if key == "best_gamma":
+        return str(v)
     if key.startswith("speedup") or key == "predicted_speedup":
         return f"{v:.2f}×"
-    if key in ("acceptance_rate", "expected_acceptance_rate") or key.startswith("quality."):
+    if key in ("acceptance_rate", "expected_acceptance_rate", "alpha", "cost_ratio") or key.startswith("quality."):
         return f"{v:.3f}"
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, float):  # three significant digits, trailing zeros kept so columns line up
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}" if v else "0"
     if isinstance(v, int) and key == "vocab":
         return f"{v:,}"
     return str(v)
 
 
 def bench_table(results) -> None:
-    """The results table of `specdec bench` (a bench.BenchResults); its columns are results.columns."""
+    """The results tables of `specdec bench` (a bench.BenchResults), laid out by results.tables."""
     from specdec_cli.bench import value
 
     m = results.machine
     threads = f"{m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}"
-    title = f"bench {results.task} · {m['device']} · {threads} · torch {m['versions']['torch']}"
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
-    cols = results.columns
-    for key, header in cols:
-        t.add_column(header, justify="left" if key == "mode" else "right", no_wrap=True,
-                     min_width=14 if key == "mode" and results.task != "synthetic" else None)
-    previous = None
-    for r in results.records:
-        group = (r.vocab, r.batch, r.gamma) if results.task == "synthetic" else r.gamma
-        if previous is not None and group != previous:
-            t.add_section()
-        previous = group
-        t.add_row(*(_cell(key, value(r, key)) for key, _ in cols))
-    err.print(t)
+    heading = f"bench {results.task} · {m['device']} · {threads} · torch {m['versions']['torch']}"
+    for i, (subtitle, cols) in enumerate(results.tables):
+        title = "\n".join(x for x in (heading if i == 0 else "", subtitle) if x)
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+        for key, header in cols:
+            t.add_column(header, justify="left" if key == "mode" else "right", no_wrap=True)
+        previous = None
+        for r in results.records:
+            group = (r.vocab, r.batch, r.gamma) if results.task == "synthetic" else r.gamma
+            if previous is not None and group != previous:
+                t.add_section()
+            previous = group
+            t.add_row(*(_cell(key, value(r, key)) for key, _ in cols))
+        err.print(t)
     if results.task == "synthetic":
         backends = ", ".join(dict.fromkeys(f"{r.mode} {r.backend}" for r in results.records))
         err.print(f"{m['device_name']}. ms/step: median of calls timed side by side, p10 and p90 beside it; "
                   f"×base = baseline ms / mode ms; ×hf = hf ms / mode ms; acc = accepted / drafted over "
                   f"{_calls(results)} calls; expect = the rate exact sampling must give on these draft tokens. "
                   f"Backends: {backends}.", highlight=False)
+    else:
+        err.print(f"{m['device_name']}. speedup = tok/s over autoregressive tok/s; predicted = Leviathan's "
+                  "(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with α from acc/call and c = draft ms / target ms per "
+                  "forward; best γ maximises the prediction.", highlight=False)
 
 
 def _calls(results) -> str:

@@ -1,0 +1,325 @@
+"""Whisper transcription speed on this machine, every contender in ONE run, interleaved input by input so
+that machine noise hits them alike (a shared 2-core CPU is noisy: compare only figures taken side by side).
+
+Input sets:
+    short   the five LibriVox clips of pocketsphinx-testdata (3–7 s, one window each)
+    long    those clips joined three times (74 s, three windows cut in pauses by audio.windows)
+    news    (--espeak) the start of each example article read by espeak-ng: a richer vocabulary
+
+Contenders (greedy, so every contender must print the autoregressive transcript: checked and reported):
+    autoregressive               the target alone
+    self N=… τ=… γ=…             the self draft: every decoder layer (shared with the target: SharedTrunk),
+                                 its output layer cut to ids [0, N) + EOT, abstaining after a token it gave
+                                 less than τ (τ = 0: never)
+    self … twopass               the same draft run as a separate decoder (the target recomputes the
+                                 layers for γ+1 tokens): what sharing the layers saves
+    self:K …                     the first K layers (+ reduced output layer): what cutting layers costs
+
+Also: each draft's per-token agreement with the target's greedy token under teacher forcing (what greedy
+verification accepts, free of γ and of end-of-text effects), for the first K layers and each N.
+
+Times per contender and set: encoder = log-mel features + encoder + cross-attention K/V + the language /
+no-speech probe (once per window, the same for every contender: taken from the autoregressive runs; the
+others reuse its encoder output); decoder = the decoding loops, prefill included, as wall time and as this
+process's CPU time (steadier on a shared machine: time spent waiting for a core is not counted). The
+speedup of a contender is Σ autoregressive / Σ contender over the set, per pass; the median over passes.
+
+    .venv/bin/python benchmarks/transcribe_bench.py --espeak --out benchmarks/transcribe-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_cli import transcribe as T
+from specdec_cli.audio import librivox_clips, load_audio
+from specdec_cli.decoding import generate
+from specdec_cli.metrics import wer
+from specdec_cli.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+DEFAULT_GRID = "8192:0.8:8,16384:0:5,16384:0.5:8,16384:0.8:5,16384:0.8:8,16384:0.8:12,16384:0.9:8,32768:0.8:8"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def espeak_articles(out: Path, chars: int = 600) -> list[str]:
+    """examples/articles/*.txt (their first `chars` characters) spoken by espeak-ng into `out`."""
+    if not shutil.which("espeak-ng"):
+        sys.exit("--espeak needs espeak-ng (apt-get install espeak-ng)")
+    paths = []
+    root = Path(__file__).resolve().parent.parent / "examples" / "articles"
+    for article in sorted(p for p in root.glob("*.txt") if not p.name.endswith(".ref.txt")):
+        text = " ".join(article.read_text(encoding="utf-8")[:chars].split())
+        wav = out / f"{article.stem}.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(wav), text], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        paths.append(str(wav))
+    return paths
+
+
+def agreement(target: T.WhisperModel, audios, head_sizes) -> list[dict]:
+    """Teacher-forced agreement of each (first K layers, N) draft's greedy token with the target's."""
+    whisper = target.whisper
+    dec = whisper.model.decoder
+    ids = T.special_ids(target)
+    prompt = T.prompt_ids(ids, "en", "transcribe")
+    n_layers = len(dec.layers)
+    hook = T.Suppressor(target, len(prompt), target.output_size)
+    counts: dict[tuple[int, int | None], int] = {}
+    total = 0
+    W = whisper.proj_out.weight
+    with torch.inference_mode():
+        for audio in audios:
+            enc = T.encode(target, T.features(target, [audio]))
+            kv = T.cross_kv(dec.layers, enc)
+            res = generate(T.WindowDecoder(whisper, enc, kv, hook), None, torch.tensor([prompt]), mode="autoregressive",
+                           params=GREEDY, max_new_tokens=200, eos_token_ids=[ids.eot])
+            toks = torch.tensor(res.tokens[0])
+            seq = torch.tensor([prompt + res.tokens[0][:-1]])
+            out = dec(input_ids=seq, encoder_hidden_states=enc, output_hidden_states=True)
+            first = len(prompt) - 1
+            positions = torch.arange(first, seq.shape[1])[None] + 1
+            for k in range(1, n_layers + 1):
+                hidden = out.hidden_states[k][0, first:] if k < n_layers else out.last_hidden_state[0, first:]
+                if k < n_layers:
+                    hidden = dec.layer_norm(hidden)
+                logits = hook(torch.nn.functional.linear(hidden, W)[None].float(), positions)[0]
+                for n in head_sizes:
+                    z = logits
+                    if n is not None and n < z.shape[-1]:
+                        keep = torch.zeros(z.shape[-1], dtype=torch.bool)
+                        keep[:n] = True
+                        keep[ids.eot] = True
+                        z = z.masked_fill(~keep, -float("inf"))
+                    counts[(k, n)] = counts.get((k, n), 0) + int((z.argmax(-1) == toks).sum())
+            total += len(toks)
+    return [{"layers": k, "head_size": n or target.output_size, "agreement": round(c / total, 4), "tokens": total}
+            for (k, n), c in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or 1 << 30))]
+
+
+class Timers:
+    """CPU time (this process) of the decoding loops and of the encoder, by wrapping transcribe's calls; the
+    encoder output is memoised for every contender but autoregressive (it is the same for all)."""
+
+    def __init__(self):
+        self.decoder_cpu = 0.0
+        self.memo: dict = {}
+        self.memo_on = False
+        real_generate, real_encode = T.generate, T.encode
+
+        def timed_generate(*a, **k):
+            t = time.process_time()
+            try:
+                return real_generate(*a, **k)
+            finally:
+                self.decoder_cpu += time.process_time() - t
+
+        def memo_encode(model, feats):
+            if not self.memo_on:
+                return real_encode(model, feats)
+            key = (id(model), hashlib.sha1(feats.float().numpy().tobytes()).hexdigest())
+            if key not in self.memo:
+                self.memo[key] = real_encode(model, feats)
+            return self.memo[key]
+
+        T.generate, T.encode = timed_generate, memo_encode
+
+
+def run_one(timers: Timers, target, draft, audio, gamma, mode) -> dict:
+    timers.decoder_cpu = 0.0
+    timers.memo_on = mode != "autoregressive"
+    out = T.transcribe(target, draft, ["x"], audios=[audio], mode=mode, gamma=gamma)[0]
+    s = out.stats
+    return {"text": out.text, "decoder_s": s.decoder_s, "decoder_cpu_s": timers.decoder_cpu,
+            "encoder_s": s.features_s + s.encoder_s + s.cross_kv_s + s.probe_s, "new_tokens": s.new_tokens,
+            "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens, "abstained": s.draft_abstained,
+            "target_calls": s.target_calls, "draft_calls": s.draft_calls, "draft_s": s.draft_s, "target_s": s.target_s,
+            "verify_s": s.verify_s, "prefill_s": s.prefill_s}
+
+
+def parse_grid(text: str) -> list[tuple[int, float, int]]:
+    out = []
+    for cell in text.split(","):
+        n, tau, g = cell.split(":")
+        out.append((int(n), float(tau), int(g)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="embedded")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    ap.add_argument("--repeat", type=int, default=2, help="interleaved passes over every contender")
+    ap.add_argument("--grid", default=DEFAULT_GRID, help="self-draft contenders N:τ:γ, comma-separated")
+    ap.add_argument("--twopass", default="16384:0:5", help="N:τ:γ of a self draft also run as a separate decoder")
+    ap.add_argument("--cut-layers", default="5", help="self:K drafts (first K layers) timed on the short clips")
+    ap.add_argument("--long-repeats", type=int, default=3, help="LibriVox clips joined this many times")
+    ap.add_argument("--espeak", action="store_true", help="add the 'news' set: the start (600 characters) of each "
+                    "example article read by espeak-ng")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    clips = librivox_clips()
+    if not clips:
+        sys.exit("needs Debian's pocketsphinx-testdata (the LibriVox clips)")
+    target = T.load_whisper(args.target, dtype=args.dtype, device="cpu", progress=False)
+    n_layers = len(target.whisper.model.decoder.layers)
+    refs = [r for _, r in clips]
+    long_audio, long_ref = T.joined_librivox(args.long_repeats)
+    sets = {"short": [load_audio(w) for w, _ in clips], "long": [long_audio]}
+    if args.espeak:
+        sets["news"] = [load_audio(p) for p in espeak_articles(Path(tempfile.mkdtemp(prefix="specdec-espeak-")))]
+    grid = parse_grid(args.grid)
+
+    print("agreement (teacher forcing) ...", file=sys.stderr, flush=True)
+    agree = agreement(target, sets["short"], sorted({n for n, _, _ in grid}) + [None])
+
+    def self_draft(n, tau, layers=None, share=True):
+        d = T.self_draft(target, layers, n)
+        d.model.abstain_below = tau
+        d.model.share_trunk = share
+        return d
+
+    contenders = {"autoregressive": (None, 0, "autoregressive", list(sets))}
+    for n, tau, g in grid:
+        contenders[f"self N={n} τ={tau:g} γ={g}"] = (self_draft(n, tau), g, "exact", list(sets))
+    if args.twopass:
+        n, tau, g = parse_grid(args.twopass)[0]
+        contenders[f"self N={n} γ={g} twopass"] = (self_draft(n, tau, share=False), g, "exact", list(sets))
+    for k in [int(x) for x in args.cut_layers.split(",") if x]:
+        if 1 <= k < n_layers:
+            n, g = T.DEFAULT_HEAD_SIZE, T.DEFAULT_GAMMA
+            contenders[f"self:{k} N={n} γ={g}"] = (self_draft(n, 0.0, range(k)), g, "exact", ["short"])
+
+    timers = Timers()
+    names = list(contenders)
+    runs = {c: {s: [[None] * len(sets[s]) for _ in range(args.repeat)] for s in contenders[c][3]} for c in names}
+    for rep in range(args.repeat):
+        for s, audios in sets.items():
+            for i, audio in enumerate(audios):
+                shift = (rep * 7 + i) % len(names)  # rotate: no contender always first or last
+                print(f"pass {rep + 1}/{args.repeat}: {s} {i + 1}/{len(audios)}", file=sys.stderr, flush=True)
+                for c in ["autoregressive"] + [x for x in names[shift:] + names[:shift] if x != "autoregressive"]:
+                    draft, g, mode, where = contenders[c]
+                    if s in where:
+                        runs[c][s][rep][i] = run_one(timers, target, draft, audio, g, mode)
+
+    ar = runs["autoregressive"]
+    results = []
+    for c in names:
+        row = {"contender": c, "gamma": contenders[c][1]}
+        for s in contenders[c][3]:
+            passes = runs[c][s]
+
+            def tot(key, p):
+                return sum(r[key] for r in p)
+
+            med = {k: statistics.median(tot(k, p) for p in passes)
+                   for k in ("decoder_s", "decoder_cpu_s", "encoder_s", "draft_s", "target_s", "verify_s", "prefill_s")}
+            first = passes[0]
+            new, drafted, acc = tot("new_tokens", first), tot("draft_tokens", first), tot("accepted_tokens", first)
+            same = all([r["text"] for r in p] == [r["text"] for r in ar[s][0]] for p in passes)
+            texts = [r["text"] for r in first]
+            row[s] = {
+                **{k: round(v, 4) for k, v in med.items()},
+                "encoder_s": round(statistics.median(tot("encoder_s", p) for p in ar[s]), 4),
+                "decoder_s_per_pass": [round(tot("decoder_s", p), 3) for p in passes],
+                "new_tokens": new,
+                "decoder_ms_per_token": round(1e3 * med["decoder_s"] / new, 2),
+                "decoder_cpu_ms_per_token": round(1e3 * med["decoder_cpu_s"] / new, 2),
+                "acceptance_rate": round(acc / drafted, 4) if drafted else None,
+                "draft_tokens": drafted, "abstained": tot("abstained", first),
+                "target_calls": tot("target_calls", first), "draft_calls": tot("draft_calls", first),
+                "decoder_speedup": round(statistics.median(tot("decoder_s", a) / tot("decoder_s", p)
+                                                           for a, p in zip(ar[s], passes)), 3),
+                "decoder_cpu_speedup": round(statistics.median(tot("decoder_cpu_s", a) / tot("decoder_cpu_s", p)
+                                                               for a, p in zip(ar[s], passes)), 3),
+                "same_text_as_autoregressive": same,
+                "wer": (round(wer(texts, refs), 4) if s == "short" else round(wer(texts, [long_ref]), 4)
+                        if s == "long" else None),
+            }
+        results.append(row)
+
+    fused = [r for r in results if r["contender"].startswith("self N=") and "twopass" not in r["contender"]]
+    best = max(fused, key=lambda r: sum(r[s]["decoder_cpu_speedup"] for s in sets)) if fused else None
+    report = {
+        "what": "specdec transcribe: Whisper decoder time, autoregressive vs exact (self draft), greedy",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": args.threads,
+                    "torch": torch.__version__, "python": platform.python_version(),
+                    "load_average_at_end": os.getloadavg()},
+        "target": target.name, "dtype": args.dtype, "decoder_layers": n_layers,
+        "inputs": {"short": [str(w) for w, _ in clips],
+                   "long": f"the {len(clips)} LibriVox clips joined {args.long_repeats} times "
+                           f"({len(long_audio) / 16000:.1f} s)",
+                   "news": "examples/articles/*.txt (first 600 characters) read by espeak-ng" if args.espeak else None,
+                   "seconds": {s: round(sum(len(a) for a in v) / 16000, 1) for s, v in sets.items()}},
+        "defaults": {"draft": "self (every decoder layer, shared with the target)", "head_size": T.DEFAULT_HEAD_SIZE,
+                     "abstain_below": T.DEFAULT_ABSTAIN, "gamma": T.DEFAULT_GAMMA},
+        "agreement": agree,
+        "results": results,
+        "best_by_cpu_time": None if best is None else {"contender": best["contender"],
+                                                       **{s: best[s]["decoder_cpu_speedup"] for s in sets}},
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(summary(report))
+
+
+def summary(report: dict) -> str:
+    m = report["machine"]
+    lines = [f"{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch thread(s), {report['dtype']}; "
+             f"decoder time, × = autoregressive / contender (wall | CPU), acc = acceptance rate"]
+    sets = [s for s in ("short", "long", "news") if s in report["results"][0]]
+    lines.append(f"{'contender':30}" + "".join(f" | {s + ' dec s':>11} {'×wall':>5} {'×cpu':>5} {'acc':>4}" for s in sets)
+                 + " | same")
+    for r in report["results"]:
+        cells = ""
+        for s in sets:
+            if s not in r:
+                cells += f" | {'':>11} {'':>5} {'':>5} {'':>4}"
+                continue
+            x = r[s]
+            acc = "-" if x["acceptance_rate"] is None else f"{x['acceptance_rate']:.2f}"
+            cells += f" | {x['decoder_s']:11.2f} {x['decoder_speedup']:5.2f} {x['decoder_cpu_speedup']:5.2f} {acc:>4}"
+        same = all(r[s]["same_text_as_autoregressive"] for s in sets if s in r)
+        lines.append(f"{r['contender']:30}{cells} | {same}")
+    ar = report["results"][0]
+    lines.append("encoder s (once per window, every contender): " + ", ".join(f"{s} {ar[s]['encoder_s']:.2f}" for s in sets))
+    lines.append("agreement with the target's greedy token (teacher forcing, short clips):")
+    by_k: dict[int, list[str]] = {}
+    for a in report["agreement"]:
+        by_k.setdefault(a["layers"], []).append(f"N={a['head_size']}: {a['agreement']:.3f}")
+    for k, cells in by_k.items():
+        lines.append(f"  first {k} layers: " + ", ".join(cells))
+    if report["best_by_cpu_time"]:
+        lines.append(f"best (CPU time): {report['best_by_cpu_time']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

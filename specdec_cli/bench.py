@@ -1,0 +1,761 @@
+"""What `specdec bench` measures, and how its results are written.
+
+Two kinds of benchmark share the outputs (table, JSON, CSV, plots):
+
+synthetic   one verification step, timed per provider on LM-like logits from `synthetic.make_case`,
+            over a grid of vocabulary V × draft length γ × batch B (the paper's figure 3, tables 6
+            and 8). Providers are the verification modes (`baseline`, `exact`, `sigmoid`, through
+            `verify.verify`) and `hf`: transformers' own `_speculative_sampling`, called literally
+            (B = 1 only), the paper's real baseline. All providers of a grid point are timed side by
+            side (`timing.measure_side_by_side`), so their ratios share the machine's noise.
+summarize,  a decoding task run per (γ, mode) by a *task runner* (see TASK_RUNNERS), which returns
+transcribe  `TaskRecord`s; `aggregate` adds the measured speedup over autoregressive decoding and
+            Leviathan's prediction from the measured α and cost ratio c (the paper's tables 1, 5;
+            figures 4, 5 from the peak memory).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import platform
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+import torch
+
+from specdec_cli.errors import SpecdecError
+
+TASKS = ("synthetic", "summarize", "transcribe")
+SYNTHETIC_MODES = ("baseline", "exact", "sigmoid", "hf")  # hf: transformers' _speculative_sampling
+TASK_MODES = ("baseline", "exact", "sigmoid")  # autoregressive always runs too: it is the reference
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BACKENDS = ("auto", "torch", "triton")
+MAX_GAMMA = 32
+WARMUP = 5
+ACCEPTANCE_POOL = 64  # distinct uniform draws cycled through the timed calls of one grid point
+HF_PROMPT_LEN = 16  # tokens before the draft in hf's candidate_input_ids (it only reads the last γ)
+
+Progress = Callable[[str], None]  # called once per finished unit of work, with its label
+
+
+# ----------------------------------------------------------------------------------------------- options
+
+
+def parse_ints(text: str, option: str) -> list[int]:
+    """'1,5,10' -> [1, 5, 10] (sorted, duplicates dropped). Empty items are ignored; no items is an error."""
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not items:
+        raise SpecdecError(f"{option} is empty: give a comma-separated list such as 1,5,10")
+    try:
+        return sorted({int(s) for s in items})
+    except ValueError:
+        raise SpecdecError(f"{option} must be a comma-separated list of integers (got {text!r})") from None
+
+
+def parse_names(text: str, option: str, allowed: Iterable[str]) -> list[str]:
+    """'exact,sigmoid' -> ['exact', 'sigmoid'] (order kept, duplicates dropped), each checked against allowed."""
+    allowed = tuple(allowed)
+    names = list(dict.fromkeys(s.strip() for s in str(text).split(",") if s.strip()))
+    if not names:
+        raise SpecdecError(f"{option} is empty: choose from {', '.join(allowed)}")
+    for n in names:
+        if n not in allowed:
+            raise SpecdecError(f"{option}: unknown {n!r} (choose from {', '.join(allowed)})")
+    return names
+
+
+@dataclass
+class SyntheticConfig:
+    vocabs: list[int]
+    gammas: list[int]
+    batches: list[int]
+    modes: list[str]
+    device: str = "cpu"
+    dtype: str = "float32"
+    overlap: float = 0.8
+    repeat: int = 50
+    backend: str = "auto"
+    alpha: float = -1e4
+    beta: float = 1e4
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads; None: torch's default
+
+    def validate(self) -> "SyntheticConfig":
+        for option, grid in (("--vocab", self.vocabs), ("--gamma", self.gammas), ("--batch", self.batches),
+                             ("--modes", self.modes)):
+            if not grid:
+                raise SpecdecError(f"{option} is empty")
+        if min(self.vocabs) < 2:
+            raise SpecdecError(f"--vocab must be at least 2 (got {min(self.vocabs)})")
+        _check_gammas(self.gammas)
+        if min(self.batches) < 1:
+            raise SpecdecError(f"--batch must be at least 1 (got {min(self.batches)})")
+        for m in self.modes:
+            if m not in SYNTHETIC_MODES:
+                raise SpecdecError(f"--modes: unknown {m!r} (choose from {', '.join(SYNTHETIC_MODES)})")
+        if self.modes == ["hf"] and 1 not in self.batches:
+            raise SpecdecError("--modes hf runs at batch 1 only: add 1 to --batch")
+        _check_common(self.dtype, self.backend, self.repeat, self.alpha, self.beta, self.threads)
+        if not 0.0 < self.overlap <= 1.0:
+            raise SpecdecError(f"--overlap must be in (0, 1] (got {self.overlap})")
+        return self
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def kernel_backend(self) -> str:
+        """Which backend exact/sigmoid run on: the --backend choice, auto = triton on CUDA, torch on CPU."""
+        if self.backend == "auto":
+            return "triton" if self.device == "cuda" else "torch"
+        return self.backend
+
+    def command(self) -> str:
+        """A command line that reproduces this run."""
+        args = ["specdec", "bench", "--task", "synthetic", "--vocab", _join(self.vocabs), "--gamma",
+                _join(self.gammas), "--batch", _join(self.batches), "--modes", ",".join(self.modes),
+                "--device", self.device, "--dtype", self.dtype, "--overlap", str(self.overlap), "--repeat",
+                str(self.repeat), "--backend", self.backend, "--alpha", str(self.alpha), "--beta",
+                str(self.beta), "--seed", str(self.seed)] + _threads_arg(self.threads)
+        return shlex.join(args)
+
+
+@dataclass
+class TaskConfig:
+    """What a task runner is asked to run: every γ × every mode, plus autoregressive once (γ = 0).
+    `options` carries the task's own settings (inputs, models, max_new_tokens, ...)."""
+
+    task: str
+    gammas: list[int]
+    modes: list[str]
+    batch: int = 1
+    device: str = "cpu"
+    dtype: str = "float32"
+    repeat: int = 1
+    backend: str = "auto"
+    alpha: float = -1e4
+    beta: float = 1e4
+    seed: int = 0
+    threads: int | None = None
+    options: dict = field(default_factory=dict)
+
+    def validate(self) -> "TaskConfig":
+        if self.task not in TASKS or self.task == "synthetic":
+            raise SpecdecError(f"--task must be one of {', '.join(TASKS)} (got {self.task!r})")
+        if not self.gammas:
+            raise SpecdecError("--gamma is empty")
+        _check_gammas(self.gammas)
+        if not self.modes:
+            raise SpecdecError("--modes is empty")
+        for m in self.modes:
+            if m not in TASK_MODES:
+                raise SpecdecError(f"--modes: unknown {m!r} for --task {self.task} (choose from {', '.join(TASK_MODES)})")
+        if self.batch < 1:
+            raise SpecdecError(f"--batch must be at least 1 (got {self.batch})")
+        _check_common(self.dtype, self.backend, self.repeat, self.alpha, self.beta, self.threads)
+        if self.task not in TASK_RUNNERS:
+            raise SpecdecError(f"--task {self.task} is not available yet: use --task synthetic")
+        return self
+
+    def command(self) -> str:
+        args = ["specdec", "bench", "--task", self.task, "--gamma", _join(self.gammas), "--modes",
+                ",".join(self.modes), "--batch", str(self.batch), "--device", self.device, "--dtype", self.dtype,
+                "--repeat", str(self.repeat), "--backend", self.backend, "--seed", str(self.seed)] + _threads_arg(self.threads)
+        return shlex.join(args)
+
+
+def _threads_arg(threads) -> list[str]:
+    return [] if threads is None else ["--threads", str(threads)]
+
+
+def _join(xs) -> str:
+    return ",".join(str(x) for x in xs)
+
+
+def _check_gammas(gammas):
+    bad = [g for g in gammas if not 1 <= g <= MAX_GAMMA]
+    if bad:
+        raise SpecdecError(f"--gamma must be between 1 and {MAX_GAMMA} (got {bad[0]})")
+
+
+def _check_common(dtype, backend, repeat, alpha, beta, threads):
+    if dtype not in DTYPES:
+        raise SpecdecError(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    if backend not in BACKENDS:
+        raise SpecdecError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    if repeat < 1:
+        raise SpecdecError(f"--repeat must be at least 1 (got {repeat})")
+    if not alpha < beta:
+        raise SpecdecError(f"--alpha must be below --beta (got α={alpha}, β={beta})")
+    if threads is not None and threads < 1:
+        raise SpecdecError(f"--threads must be at least 1 (got {threads})")
+
+
+def warnings_for(config: SyntheticConfig | TaskConfig) -> list[str]:
+    """Things about this run the user should know before trusting its numbers."""
+    out = []
+    if config.backend == "triton" and config.device == "cpu":
+        out.append("--backend triton on a CPU runs the Triton interpreter: very slow, and its timings "
+                   "measure the interpreter, not the kernel")
+    load = _load_average()
+    cores = os.cpu_count() or 1
+    if load is not None and load > cores:
+        out.append(f"the machine is busy (load average {load:.1f} on {cores} cores): timings will be noisy")
+    return out
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------- the machine
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        name = info.get("model name\t", "").strip() or info.get("model name", "").strip()
+        fam, mod = info.get("cpu family\t", "").strip(), info.get("model\t\t", "").strip()
+        if name:
+            return f"{name} (family {fam}, model {mod})" if fam and mod else name
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _version(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_revision() -> str | None:
+    """The source tree's commit, '+modified' when tracked files differ from it (None outside a checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev.stdout.strip() + ("+modified" if changed else "")
+
+
+def machine_info(device: str) -> dict:
+    """The machine and software a result was measured on (written beside every result)."""
+    import specdec_cli
+
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else _cpu_model(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_start": _load_average(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            "specdec": specdec_cli.__version__,
+            "torch": torch.__version__,
+            "triton": _version("triton"),
+            "transformers": _version("transformers"),
+        },
+        "git": _git_revision(),
+    }
+    if device == "cuda":
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+# ------------------------------------------------------------------------------------ synthetic: bytes
+
+
+def bytes_per_step(mode: str, batch: int, gamma: int, vocab: int, itemsize: int) -> int:
+    """Bytes one verification step moves to and from memory, per provider (the bandwidth denominator).
+
+    Notation: R = B·(γ+1)·V target logits, D = B·γ·V draft values, s = the logits' itemsize, fp32 = 4.
+
+    exact:    the least any exact verifier must read:
+                R·s                      every target row once (its log-sum-exp: softmax fused, online)
+              + B·V·s + B·V·4            the one resampled row per sequence: its target logits again and
+                                         its draft probabilities (fp32)
+              (gathered scalars, uniforms and the B·(γ+1) int64 tokens written are left out: < 0.1 %)
+    sigmoid:  elementwise p̂, q̂, no normalisation: only the resampled row, target and draft logits,
+              B·V·2s.
+    baseline: kernels/baseline.py, each full-size tensor op counted once as reads of its inputs plus a
+              write of its output (a lower bound: torch's softmax reads its input more than once):
+                .float() of both logits (only if s != 4)  (D + R)·(s+4)
+                / T, then softmax, for both               (D + R)·8 + (D + R)·8
+                isnan(p).any()                            R·4 + R·1 + R·1
+                p[n]; cat([q, 0]) then [n]                B·V·8; D·4 + R·4; B·V·8
+                p' = clamp(p_n − q_n), Σ, /, where        B·V·(12 + 8 + 4 + 8 + 12)
+                multinomial                               B·V·4
+    hf:       transformers' `_speculative_sampling` (B = 1), same counting, softmax in the logits' dtype:
+                softmax of draft and target logits        D·2s + R·2s
+                p[:, n], q[:, n] (advanced indexing)      B·V·4s
+                clamp(p − q), Σ, div_, multinomial        B·V·(3s + 2s + s + 2s + s)
+    """
+    B, G, V, s = batch, gamma, vocab, itemsize
+    R, D, row = B * (G + 1) * V, B * G * V, B * V
+    if mode == "exact":
+        return R * s + row * s + row * 4
+    if mode == "sigmoid":
+        return row * 2 * s
+    if mode == "baseline":
+        cast = 0 if s == 4 else (D + R) * (s + 4)
+        softmaxes = (D + R) * 8 * 2  # divide by T, then softmax, for draft and target
+        nan_check = R * 6
+        rows = row * 8 + D * 4 + R * 4 + row * 8
+        residual = row * (12 + 8 + 4 + 8 + 12) + row * 4
+        return cast + softmaxes + nan_check + rows + residual
+    if mode == "hf":
+        return D * 2 * s + R * 2 * s + row * 4 * s + row * 9 * s
+    raise ValueError(f"no byte model for {mode!r}")
+
+
+# ------------------------------------------------------------------------------------ synthetic: timing
+
+
+@dataclass
+class SyntheticRecord:
+    """One provider at one grid point. Times are per verification step, in ms."""
+
+    vocab: int
+    batch: int
+    gamma: int
+    mode: str
+    backend: str  # "torch" | "triton" | "triton-interpreter" | "transformers"
+    dtype: str
+    device: str
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    n: int  # timed calls
+    speedup_vs_baseline: float | None  # baseline median / this median (> 1: faster than baseline)
+    speedup_vs_hf: float | None  # hf median / this median (B = 1 only)
+    acceptance_rate: float  # accepted / drafted over every call of this provider (warm-up included)
+    mean_accepted_per_call: float  # accepted draft tokens per sequence per step
+    expected_acceptance_rate: float  # what exact sampling must give on this case (see _expected_acceptance)
+    calls: int  # verification calls the acceptance figures come from
+    bytes: int  # bytes_per_step
+    gb_per_s: float | None  # bytes / median (CUDA only: on a CPU the caches make it meaningless)
+    peak_extra_mib: float | None  # CUDA only: peak memory allocated during one step, above its inputs
+    case_overlap: float  # mean Σ min(p, q) of the case's draft rows (Leviathan's α of the case)
+    case_target_entropy: float  # mean entropy of the target rows, nats
+    load_average: float | None = None  # the machine's 1-minute load average when this grid point ended
+
+
+# Columns of the results table: (record field, header). `--json` carries every one of them.
+SYNTHETIC_COLUMNS = (
+    ("vocab", "V"), ("batch", "B"), ("gamma", "γ"), ("mode", "mode"),
+    ("median_ms", "ms/step"), ("p10_ms", "p10"), ("p90_ms", "p90"),
+    ("speedup_vs_baseline", "×base"), ("speedup_vs_hf", "×hf"),
+    ("acceptance_rate", "acc"), ("expected_acceptance_rate", "expect"), ("gb_per_s", "GB/s"),
+)
+
+
+def _expected_acceptance(case: dict) -> float:
+    """E[accepted / drafted] of exact sampling on this case's fixed draft tokens: position j passes
+    with r_j = min(1, p_j(x_j)/q_j(x_j)) given the earlier ones passed, so E[A] = Σ_k Π_{j<=k} r_j."""
+    tokens = case["draft_tokens"]  # [B, γ]
+    B, G = tokens.shape
+    lse = torch.logsumexp(case["target_logits"][:, :G].float(), dim=-1)  # [B, γ]
+    z_x = case["target_logits"][:, :G].gather(-1, tokens[..., None])[..., 0].float()  # [B, γ]
+    p_x = torch.exp(z_x - lse)
+    q_x = case["draft_probs"].gather(-1, tokens[..., None])[..., 0].float()  # [B, γ]
+    r = torch.where(q_x > 0, (p_x / q_x.clamp_min(1e-38)).clamp(max=1.0), 0.0)  # [B, γ]
+    return float(torch.cumprod(r.double(), dim=1).sum(dim=1).mean() / G)
+
+
+def _providers(modes, case, pool, config: SyntheticConfig, sink: dict[str, list]) -> dict[str, Callable]:
+    """Zero-argument callables, one verification step each. Every call takes the next uniform draw of
+    the pool (so acceptance is measured over many draws) and keeps its accepted count in sink[mode]."""
+    from specdec_cli.verify import verify
+
+    tokens, probs, logits, target = (case["draft_tokens"], case["draft_probs"], case["draft_logits"],
+                                     case["target_logits"])
+    B, G = tokens.shape
+    fns = {}
+
+    def step_verify(mode):
+        calls = sink[mode]
+        # baseline takes the draft logits: transformers softmaxes both models' logits itself
+        kwargs = dict(draft_logits=logits, alpha=config.alpha, beta=config.beta)
+        if mode != "baseline":
+            kwargs["backend"] = config.kernel_backend()
+
+        def step():
+            out = verify(mode, tokens, probs, target, pool[len(calls) % len(pool)], **kwargs)
+            calls.append(out.num_accepted)
+            return out.out_tokens
+
+        return step
+
+    def step_hf():
+        from transformers.generation.utils import _speculative_sampling
+
+        calls = sink["hf"]
+        gen = torch.Generator(device="cpu").manual_seed(config.seed)
+        prompt = torch.randint(0, target.shape[-1], (1, HF_PROMPT_LEN), generator=gen).to(tokens.device)
+        candidate_input_ids = torch.cat([prompt, tokens], dim=1)  # [1, n+γ]
+        candidate_logits = logits  # [1, γ, V]
+        new_logits = target  # [1, γ+1, V]
+
+        def step():
+            valid_tokens, n_matches = _speculative_sampling(candidate_input_ids, candidate_logits, G, new_logits)
+            calls.append(n_matches)
+            return valid_tokens
+
+        return step
+
+    for mode in modes:
+        if mode == "hf":
+            if B == 1:
+                fns["hf"] = step_hf()
+        else:
+            fns[mode] = step_verify(mode)
+    return fns
+
+
+def _peak_extra_mib(fn) -> float:
+    """CUDA: memory allocated at the peak of one call above what was allocated before it, in MiB."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def grid(config: SyntheticConfig) -> list[tuple[int, int, int]]:
+    """(vocab, batch, gamma) in the order they are run."""
+    return [(v, b, g) for v in config.vocabs for b in config.batches for g in config.gammas]
+
+
+def run_point(vocab: int, batch: int, gamma: int, config: SyntheticConfig) -> list[SyntheticRecord]:
+    """Time every provider of one grid point side by side; one record per provider."""
+    from specdec_cli.synthetic import describe, make_case
+    from specdec_cli.timing import measure_side_by_side
+
+    device, dtype = config.device, config.torch_dtype
+    case = make_case(batch, gamma, vocab, overlap=config.overlap, dtype=dtype, device=device, seed=config.seed)
+    gen = torch.Generator(device="cpu").manual_seed(config.seed + 1)
+    pool = [(1.0 - torch.rand(batch, gamma + 1, generator=gen)).to(device) for _ in range(ACCEPTANCE_POOL)]
+    sink = {m: [] for m in config.modes}
+    fns = _providers(config.modes, case, pool, config, sink)
+    torch.manual_seed(config.seed)  # hf draws its own uniforms from the global generator
+    timings = measure_side_by_side(fns, warmup=WARMUP, repeat=config.repeat, device=device)
+    peak = {m: _peak_extra_mib(fn) for m, fn in fns.items()} if device == "cuda" else {}
+    load = _load_average()
+
+    about = describe(case)
+    expected = _expected_acceptance(case)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    from specdec_cli.kernels import triton_backend_name
+
+    kernel = triton_backend_name() if config.kernel_backend() == "triton" else "torch"
+    base = timings.get("baseline")
+    hf = timings.get("hf")
+    records = []
+    for mode, t in timings.items():
+        accepted = torch.stack([torch.as_tensor(a).reshape(-1) for a in sink[mode]]).cpu()  # [calls, B]
+        calls = accepted.shape[0]
+        nbytes = bytes_per_step(mode, batch, gamma, vocab, itemsize)
+        records.append(SyntheticRecord(
+            vocab=vocab, batch=batch, gamma=gamma, mode=mode,
+            backend={"hf": "transformers", "baseline": "torch"}.get(mode, kernel),
+            dtype=config.dtype, device=device,
+            median_ms=t.median_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms, mean_ms=t.mean_ms, std_ms=t.std_ms,
+            min_ms=t.min_ms, n=t.n,
+            speedup_vs_baseline=base.median_ms / t.median_ms if base else None,
+            speedup_vs_hf=hf.median_ms / t.median_ms if hf else None,
+            acceptance_rate=float(accepted.sum()) / (calls * accepted.shape[1] * gamma),
+            mean_accepted_per_call=float(accepted.double().mean()),
+            expected_acceptance_rate=expected,
+            calls=calls,
+            bytes=nbytes,
+            gb_per_s=nbytes / (t.median_ms * 1e-3) / 1e9 if device == "cuda" else None,
+            peak_extra_mib=peak.get(mode),
+            case_overlap=about["overlap"],
+            case_target_entropy=about["target_entropy_mean"],
+            load_average=load,
+        ))
+    return records
+
+
+def run_synthetic(config: SyntheticConfig, progress: Progress | None = None) -> list[SyntheticRecord]:
+    step = progress or (lambda _msg: None)
+    records = []
+    for vocab, batch, gamma in grid(config):
+        records += run_point(vocab, batch, gamma, config)
+        step(f"V={vocab} B={batch} γ={gamma}")
+    return records
+
+
+# ------------------------------------------------------------------------------------ decoding tasks
+
+
+@dataclass
+class TaskRecord:
+    """One (γ, mode) run of a decoding task over all its inputs. `mode == "autoregressive"` (γ = 0) is
+    the reference every speedup is measured against. A task runner fills the measured fields; the
+    derived ones are filled by `aggregate`."""
+
+    task: str
+    gamma: int
+    mode: str
+    new_tokens: int
+    wall_s: float  # the decoding loop over every input (prefill included)
+    tokens_per_s: float
+    acceptance_rate: float | None  # accepted / drafted (None for autoregressive)
+    mean_accepted_per_call: float | None  # accepted draft tokens per sequence per target call
+    verify_ms_per_call: float | None
+    draft_ms_per_forward: float | None  # one draft forward pass (None for autoregressive)
+    target_ms_per_forward: float | None  # one target forward pass (the one-token step for autoregressive)
+    peak_memory_mib: float | None
+    quality: dict[str, float] = field(default_factory=dict)  # rouge1/rouge2/rougeL or wer (score_quality)
+    # derived by aggregate()
+    speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
+    alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
+    cost_ratio: float | None = None  # c = draft ms per forward / target ms per forward
+    predicted_speedup: float | None = None  # walltime_speedup(α, γ, c)
+    best_gamma: int | None = None  # best_gamma(α, c)
+
+
+class TaskRunner(Protocol):
+    def __call__(self, config: TaskConfig, progress: Progress) -> list[TaskRecord]: ...
+
+
+# The decoding tasks plug in here: name -> runner(TaskConfig, progress) -> [TaskRecord, ...], one record
+# per (γ, mode) plus one autoregressive record (γ = 0). Until a task's runner is registered,
+# `specdec bench --task NAME` exits 2 saying it is not available yet.
+TASK_RUNNERS: dict[str, TaskRunner] = {}
+
+
+def score_quality(task: str, predictions: list[str], references: list[str]) -> dict[str, float]:
+    """summarize: mean ROUGE-1/2/L F1; transcribe: corpus WER (metrics.py)."""
+    from specdec_cli import metrics
+
+    if task == "summarize":
+        return metrics.corpus_rouge(predictions, references)
+    if task == "transcribe":
+        return {"wer": metrics.wer(predictions, references)}
+    raise ValueError(f"no quality metric for task {task!r}")
+
+
+def aggregate(records: list[TaskRecord]) -> list[TaskRecord]:
+    """Fill the derived fields: the measured speedup over the autoregressive record, and Leviathan's
+    prediction (Theorem 3.8) from the measured α and c.
+
+    α is inverted from mean_accepted_per_call (not accepted / drafted, which undercounts it: see
+    speedup.acceptance_from_mean_accepted). c = draft ms per forward / target ms per forward, where
+    the target's one-token step is taken from the autoregressive record when there is one (the model's
+    assumption: scoring γ+1 positions costs one target step); else from the record itself.
+    """
+    from specdec_cli import speedup
+
+    ar = next((r for r in records if r.mode == "autoregressive"), None)
+    for r in records:
+        if r.mode == "autoregressive":
+            r.speedup = 1.0
+            continue
+        if ar is not None and ar.tokens_per_s > 0:
+            r.speedup = r.tokens_per_s / ar.tokens_per_s
+        if r.mean_accepted_per_call is None or r.gamma < 1:
+            continue
+        r.alpha = speedup.acceptance_from_mean_accepted(min(r.mean_accepted_per_call, r.gamma), r.gamma)
+        target_ms = ar.target_ms_per_forward if ar is not None and ar.target_ms_per_forward else r.target_ms_per_forward
+        if r.draft_ms_per_forward is None or not target_ms:
+            continue
+        r.cost_ratio = r.draft_ms_per_forward / target_ms
+        r.predicted_speedup = speedup.walltime_speedup(r.alpha, r.gamma, r.cost_ratio)
+        r.best_gamma = speedup.best_gamma(r.alpha, r.cost_ratio, MAX_GAMMA)
+    return records
+
+
+# The task tables' columns (record field, header): speed, then acceptance, cost and quality (the quality
+# columns are appended per task).
+TASK_SPEED_COLUMNS = (
+    ("gamma", "γ"), ("mode", "mode"), ("tokens_per_s", "tok/s"), ("speedup", "speedup"),
+    ("predicted_speedup", "predicted"), ("alpha", "α"), ("cost_ratio", "c"), ("best_gamma", "best γ"),
+)
+TASK_COST_COLUMNS = (
+    ("gamma", "γ"), ("mode", "mode"), ("acceptance_rate", "acc"), ("mean_accepted_per_call", "acc/call"),
+    ("verify_ms_per_call", "verify ms"), ("peak_memory_mib", "peak MiB"),
+)
+TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS))
+
+
+def run_task(config: TaskConfig, progress: Progress | None = None) -> list[TaskRecord]:
+    runner = TASK_RUNNERS.get(config.task)
+    if runner is None:
+        raise SpecdecError(f"--task {config.task} is not available yet: use --task synthetic")
+    return aggregate(list(runner(config, progress or (lambda _msg: None))))
+
+
+# ----------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class BenchResults:
+    task: str
+    command: str  # a command line that reproduces the run
+    config: dict
+    machine: dict
+    records: list  # SyntheticRecord | TaskRecord
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def tables(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """The tables shown: (title, columns as (field, header)); every field is in to_dict()['results']."""
+        if self.task == "synthetic":
+            cols = list(SYNTHETIC_COLUMNS)
+            if not any(r.gb_per_s is not None for r in self.records):
+                cols = [c for c in cols if c[0] != "gb_per_s"]
+            return [("", cols)]
+        keys = list(dict.fromkeys(k for r in self.records for k in r.quality))
+        return [("speed: measured over autoregressive, and predicted from α and c", list(TASK_SPEED_COLUMNS)),
+                ("acceptance, cost and quality", list(TASK_COST_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
+
+    def to_dict(self) -> dict:
+        return {
+            "task": self.task,
+            "command": self.command,
+            "argv": sys.argv,
+            "config": self.config,
+            "machine": self.machine,
+            "warnings": self.warnings,
+            "results": [asdict(r) for r in self.records],
+        }
+
+
+def value(record, key: str):
+    """A record's field by column key; 'quality.rouge1' reaches into the quality dict."""
+    if key.startswith("quality."):
+        return record.quality.get(key.split(".", 1)[1])
+    return getattr(record, key)
+
+
+def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
+        warnings: list[str] | None = None) -> BenchResults:
+    """Run a benchmark and gather everything its outputs need."""
+    saved_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        machine = machine_info(config.device)
+        if isinstance(config, SyntheticConfig):
+            records = run_synthetic(config, progress)
+            task = "synthetic"
+        else:
+            records = run_task(config, progress)
+            task = config.task
+    finally:
+        torch.set_num_threads(saved_threads)
+    warnings = list(warnings or [])
+    if task == "synthetic":
+        warnings += spread_warnings(records)
+    return BenchResults(task, config.command(), asdict(config), machine, records, warnings)
+
+
+SPREAD_LIMIT = 3.0  # p90 / p10 above this: the calls were not timed under steady conditions
+
+
+def spread_warnings(records: list[SyntheticRecord], cores: int | None = None) -> list[str]:
+    """Warnings that timings were taken on a busy machine, so a reader does not trust them blindly: a
+    wide spread of one provider's calls, or a load average above the core count during a grid point
+    (a steadily busy machine slows every call alike, which the spread alone does not show)."""
+    cores = cores or os.cpu_count() or 1
+    out = []
+    wide = [r for r in records if r.p10_ms > 0 and r.p90_ms / r.p10_ms > SPREAD_LIMIT]
+    if wide:
+        out.append(f"{len(wide)} of {len(records)} timings spread widely (p90 > {SPREAD_LIMIT:g} × p10): "
+                   "the machine was busy; rerun when it is quiet")
+    busy = sorted({(r.vocab, r.batch, r.gamma) for r in records
+                   if r.load_average is not None and r.load_average > cores})
+    if busy:
+        points = ", ".join(f"V={v} B={b} γ={g}" for v, b, g in busy)
+        out.append(f"load average above {cores} during {len(busy)} grid point(s) ({points}): "
+                   "their timings are suspect")
+    return out
+
+
+def total_steps(config: SyntheticConfig | TaskConfig) -> int:
+    """Units of progress a run reports (grid points; for a task, γ × modes + autoregressive)."""
+    if isinstance(config, SyntheticConfig):
+        return len(grid(config))
+    return len(config.gammas) * len(config.modes) + 1
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+def _flat(record) -> dict:
+    row = asdict(record)
+    quality = row.pop("quality", None) or {}
+    row.update({f"quality_{k}": v for k, v in quality.items()})
+    return row
+
+
+def write_json(results: BenchResults, path: Path) -> None:
+    import json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results.to_dict(), indent=2, allow_nan=True) + "\n")
+
+
+def write_csv(results: BenchResults, path: Path) -> None:
+    """One row per record: (grid point, mode) for synthetic, (γ, mode) for a task."""
+    rows = [_flat(r) for r in results.records]
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def write_outputs(results: BenchResults, *, out: Path | None = None, csv_path: Path | None = None,
+                  plot_dir: Path | None = None) -> list[Path]:
+    """Write whichever of JSON, CSV and plots were asked for; returns the paths written."""
+    from specdec_cli import plots
+
+    written = []
+    try:
+        if out is not None:
+            write_json(results, out)
+            written.append(Path(out))
+        if csv_path is not None:
+            write_csv(results, csv_path)
+            written.append(Path(csv_path))
+        if plot_dir is not None:
+            written += plots.plot_results(results, Path(plot_dir))
+    except OSError as e:
+        raise SpecdecError(f"cannot write results: {e}") from None
+    return written
+

