@@ -3,33 +3,32 @@ Whisper target.
 
 Per input file:
 
-    load_audio (any format, rate, channels → 16 kHz mono) → windows (≤ 30 s, cut in pauses, audio.windows)
+    load_audio (any format, rate, channels → 16 kHz mono) → windows (≤ 30 s, cut in pauses: audio.windows)
     → per window: silent? → empty, no model call
                   log-mel features → the target's encoder, ONCE
                   → every decoder layer's cross-attention K/V, ONCE, shared by the target, the draft and the
-                    probe (the draft's layers are the target's own: same K/V)
-                  → the probe: one decoder step on <|startoftranscript|>, giving the language (multilingual
-                    model, --language auto) and the no-speech probability (> NO_SPEECH_THRESHOLD: silence)
-                  → generate(target, draft) on [<sot>, <lang>, <task>, <notimestamps>]
-    → the windows' texts joined with one space.
+                    probe (a self draft's layers are the target's own: the same K/V)
+                  → the probe: one decoder step on <|startoftranscript|>: the language (multilingual model,
+                    --language auto: detected on the file's first window with speech) and the no-speech
+                    probability (above NO_SPEECH_THRESHOLD the window is silence: no hallucinated text)
+                  → generate(target, draft) on [<sot>, <lang>, <task>, <notimestamps>], timestamps off
+    → the windows' texts joined with one space (the cuts lie in pauses: no word is split, dropped or doubled).
 
-The draft (`--draft self`, `self:K`, `self:LAYERS`) is the target's own decoder layers (shared, no copies)
-with a *reduced output layer*: logits only for token ids [0, N) and <|endoftext|>, −inf elsewhere. Why
-(measured on this CPU, see benchmarks/transcribe-cpu.json and `choose_self_draft` below):
+The default draft, `self`, is the target's own decoder (every layer, no weight copied) with a *reduced
+output layer*: logits for token ids [0, N) and <|endoftext|> only, −inf elsewhere (zero probability off the
+subset: exact verification allows it, greedy verification compares argmaxes). Draft and target then run the
+same layers on the same tokens, so they share them (SharedTrunk): each token goes through the layers once,
+and "the target scores γ+1 positions" is the full output layer over the hidden states the draft computed, in
+one matmul, plus the layers on the one slot the draft never fed. What remains of speculation is the output
+layer: paid once per round instead of once per token. Why not fewer layers: measured, see DEFAULT_HEAD_SIZE.
 
-- cutting Whisper's decoder early does not work without training: the first K of base's 6 layers (final
-  layer norm + output projection on top) agree with the full decoder's greedy token on 4 % (K=1), 0 %
-  (K=2), 2 % (K=3), 27 % (K=4) and 40 % (K=5) of the tokens of the LibriVox clips and spoken cards; the
-  best 5-layer subset (skip layer 3) on 91 %; tiny.en's first 3 of 4 layers on 56 %.
-- the output projection over 51 865 tokens is about as costly as the decoder layers (bf16, one core: 11.8 ms
-  for the projection against ~8–10 ms for six layers). A draft that keeps every layer but projects onto
-  [0, N) ∪ {EOT} pays 0.7 ms (N = 8192) instead of 11.8 ms, and agrees with the target whenever the
-  target's token is in its subset. On a decoder step that reads its weights from memory, scoring γ + 1
-  tokens costs about one step, so the target's projection is paid once per round instead of once per token.
+`self:K` (first K layers) and `self:0-2,4` (chosen layers) are separate two-pass drafts; another Whisper model
+(`--draft DIR-or-ID`, same vocabulary) reuses the target's encoder output when its encoder has the same weights.
 
-Exactness: greedy verification compares argmaxes; sampled verification accepts a draft token x with
-probability min(1, p(x)/q(x)) where q is the reduced head's distribution (zero off the subset): the output
-is the target's distribution either way.
+Exactness: greedy output is the autoregressive output. With the shared layers it is bit for bit so on this
+CPU (same layer calls as autoregressive decoding; the output layer's rows come out of a many-row matmul
+exactly as out of one-row matmuls). Two-pass drafts score γ+1 tokens in one pass, which in bf16 can round
+differently from one token at a time and flip a near tie (seen once on the 74 s LibriVox recording).
 """
 
 from __future__ import annotations
@@ -56,19 +55,23 @@ NO_SPEECH_THRESHOLD = 0.6  # P(<|nospeech|>) at <|startoftranscript|> above this
 TASKS = ("transcribe", "translate")
 
 # The default self draft, chosen by measurement (benchmarks/transcribe_bench.py → benchmarks/transcribe-cpu.json;
-# Whisper base, bf16, 1 thread of a shared 2-core Xeon): every decoder layer (K = 6), its output layer cut to
-# the ids below DEFAULT_HEAD_SIZE plus EOT, γ = 5.
-#   agreement with the target's greedy token (teacher forcing, LibriVox):  first K layers, full output layer:
-#   K=1 3 %, K=2 0 %, K=3 2 %, K=4 27 %, K=5 42 %, K=6 100 %;  K=6 with N = 8192: 90 %, 16384: 94 %, 32768: 99 %
-#   (news read by espeak-ng, end to end: 55 %, 71 %, 92 %).
-#   one step: autoregressive 25.5 ms; draft 18.3 ms (N = 8192), 19.2 ms (16384), 21.3 ms (32768): the layers
-#   alone cost ~17 ms, so even a free, always-right output layer could not beat 25.5 / 17 = 1.5×.
-#   decoder time, exact / autoregressive (median of 3 interleaved passes, LibriVox short | long 74 s | espeak):
-#   N = 8192 γ=5: 1.07 | 1.07 | 0.84;  N = 16384 γ=5: 1.05 | 1.01 | 0.90;  N = 32768 γ=5: 0.97 | 0.96 | 0.97.
-# 16384 is the compromise: within noise of the best on the LibriVox clips, far less exposed to rare words.
+# Whisper base, bf16, one torch thread of a shared 2-core Xeon; decoder time, runs interleaved input by input):
+# - every decoder layer (K = 6): the first K layers agree with the target's greedy token on 3 % (K=1), 0 % (2),
+#   2 % (3), 27 % (4), 42 % (5) of the LibriVox tokens (teacher forcing); self:5 runs at 0.24× autoregressive.
+# - output layer over ids [0, N) + EOT: agreement 90 % (N = 8192), 94 % (16384), 99 % (32768) on LibriVox;
+#   77 %, 89 %, 97 % of the proposals on news read by espeak-ng. An autoregressive step costs ~21.5 ms: ~15 ms of
+#   layers (70 %) and ~6.5 ms of output layer; a draft step pays the layers and 1–4 ms of output layer.
+# - abstaining after a token given < τ (the round's later steps skip the layers and are rejected), γ: decoder
+#   time, autoregressive / exact, LibriVox short | long (74 s) | news (espeak-ng, 272 s):
+#     N = 8192  τ=0.8 γ=8: 1.05 | 1.17 | 0.99      N = 16384 τ=0   γ=5: 1.05 | 1.02 | 0.91
+#     N = 16384 τ=0.8 γ=8: 1.07 | 1.13 | 1.00      N = 16384 τ=0.5 γ=8: 1.05 | 1.08 | 0.95
+#     N = 16384 τ=0.8 γ=5: 1.07 | 1.08 | 1.00      N = 16384 τ=0.8 γ=12: 1.07 | 1.13 | 0.99
+#     N = 32768 τ=0.8 γ=8: 0.99 | 1.03 | 0.94      two decoders (layers not shared), N=16384 γ=8: 0.73 | 0.90 | 0.72
+# 16384 over 8192: as fast within noise on the short clips and the news, and half as exposed to rare words.
+# The ceiling: with a free, always-right draft output layer a token still costs its ~15 ms of layers (~1.4×).
 DEFAULT_HEAD_SIZE = 16384
-DEFAULT_GAMMA = 5
-DEFAULT_ABSTAIN = 0.5
+DEFAULT_GAMMA = 8
+DEFAULT_ABSTAIN = 0.8
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -854,7 +857,7 @@ def transcribe(
     *,
     audios: Sequence[np.ndarray] | None = None,
     mode: str = "exact",
-    gamma: int = 5,
+    gamma: int = DEFAULT_GAMMA,
     gamma_schedule: str = "constant",
     params: SamplingParams = SamplingParams(temperature=0.0),
     max_new_tokens: int = 224,
