@@ -22,6 +22,7 @@ import os
 import platform
 import shlex
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
@@ -364,7 +365,7 @@ class SyntheticRecord:
     peak_extra_mib: float | None  # CUDA only: peak memory allocated during one step, above its inputs
     case_overlap: float  # mean Σ min(p, q) of the case's draft rows (Leviathan's α of the case)
     case_target_entropy: float  # mean entropy of the target rows, nats
-    load_average: float | None = None  # the machine's 1-minute load average when this grid point ended
+    others_cpu: float | None = None  # share of the machine's CPU other processes used while this point was timed
 
 
 # Columns of the results table: (record field, header). `--json` carries every one of them.
@@ -439,6 +440,29 @@ def _providers(modes, case, pool, config: SyntheticConfig, sink: dict[str, list]
     return fns
 
 
+def _cpu_clock() -> tuple[float, float, float] | None:
+    """(CPU seconds the whole machine spent busy, including time stolen by the hypervisor; CPU seconds of
+    this process, all threads; wall seconds). None where /proc/stat is missing (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return busy, own.user + own.system, time.monotonic()
+
+
+def _others_cpu(before, after) -> float | None:
+    """The share of the machine's CPU that other processes (and the hypervisor) took between two clocks:
+    0 on a quiet machine; 0.5 on 2 cores means one core was busy with someone else's work."""
+    if before is None or after is None or after[2] <= before[2]:
+        return None
+    cores = os.cpu_count() or 1
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return min(1.0, max(0.0, others / ((after[2] - before[2]) * cores)))
+
+
 def _peak_extra_mib(fn) -> float:
     """CUDA: memory allocated at the peak of one call above what was allocated before it, in MiB."""
     torch.cuda.synchronize()
@@ -466,9 +490,10 @@ def run_point(vocab: int, batch: int, gamma: int, config: SyntheticConfig) -> li
     sink = {m: [] for m in config.modes}
     fns = _providers(config.modes, case, pool, config, sink)
     torch.manual_seed(config.seed)  # hf draws its own uniforms from the global generator
+    before = _cpu_clock()
     timings = measure_side_by_side(fns, warmup=WARMUP, repeat=config.repeat, device=device)
+    others = _others_cpu(before, _cpu_clock())
     peak = {m: _peak_extra_mib(fn) for m, fn in fns.items()} if device == "cuda" else {}
-    load = _load_average()
 
     about = describe(case)
     expected = _expected_acceptance(case)
@@ -500,7 +525,7 @@ def run_point(vocab: int, batch: int, gamma: int, config: SyntheticConfig) -> li
             peak_extra_mib=peak.get(mode),
             case_overlap=about["overlap"],
             case_target_entropy=about["target_entropy_mean"],
-            load_average=load,
+            others_cpu=others,
         ))
     return records
 
@@ -683,21 +708,23 @@ def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
 SPREAD_LIMIT = 3.0  # p90 / p10 above this: the calls were not timed under steady conditions
 
 
-def spread_warnings(records: list[SyntheticRecord], cores: int | None = None) -> list[str]:
+OTHERS_CPU_LIMIT = 0.1  # other processes took more than this share of the CPU while a point was timed
+
+
+def spread_warnings(records: list[SyntheticRecord]) -> list[str]:
     """Warnings that timings were taken on a busy machine, so a reader does not trust them blindly: a
-    wide spread of one provider's calls, or a load average above the core count during a grid point
+    wide spread of one provider's calls, or other processes using the CPU while a grid point was timed
     (a steadily busy machine slows every call alike, which the spread alone does not show)."""
-    cores = cores or os.cpu_count() or 1
     out = []
     wide = [r for r in records if r.p10_ms > 0 and r.p90_ms / r.p10_ms > SPREAD_LIMIT]
     if wide:
         out.append(f"{len(wide)} of {len(records)} timings spread widely (p90 > {SPREAD_LIMIT:g} × p10): "
                    "the machine was busy; rerun when it is quiet")
-    busy = sorted({(r.vocab, r.batch, r.gamma) for r in records
-                   if r.load_average is not None and r.load_average > cores})
+    busy = {(r.vocab, r.batch, r.gamma): r.others_cpu for r in records
+            if r.others_cpu is not None and r.others_cpu > OTHERS_CPU_LIMIT}
     if busy:
-        points = ", ".join(f"V={v} B={b} γ={g}" for v, b, g in busy)
-        out.append(f"load average above {cores} during {len(busy)} grid point(s) ({points}): "
+        points = ", ".join(f"V={v} B={b} γ={g} ({share:.0%})" for (v, b, g), share in sorted(busy.items()))
+        out.append(f"other processes used the CPU while {len(busy)} grid point(s) were timed: {points}; "
                    "their timings are suspect")
     return out
 

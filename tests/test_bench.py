@@ -4,6 +4,7 @@ task framework (aggregation, Leviathan's prediction, outputs) on a fake task run
 import csv
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -169,13 +170,21 @@ def test_wide_spread_is_reported():
             speedup_vs_hf=None, acceptance_rate=1.0, mean_accepted_per_call=1.0, expected_acceptance_rate=1.0,
             calls=8, bytes=1, gb_per_s=None, peak_extra_mib=None, case_overlap=0.8, case_target_entropy=1.0)
 
-    assert bench.spread_warnings([rec(1.0, 2.0)], cores=2) == []
-    (w,) = bench.spread_warnings([rec(1.0, 2.0), rec(1.0, 10.0)], cores=2)
+    assert bench.spread_warnings([rec(1.0, 2.0)]) == []
+    (w,) = bench.spread_warnings([rec(1.0, 2.0), rec(1.0, 10.0)])
     assert w.startswith("1 of 2 timings spread widely")
     busy = rec(1.0, 2.0)
-    busy.load_average = 2.5
-    (w,) = bench.spread_warnings([busy], cores=2)
-    assert "load average above 2 during 1 grid point(s) (V=10 B=1 γ=1)" in w
+    busy.others_cpu = 0.4
+    (w,) = bench.spread_warnings([busy])
+    assert "while 1 grid point(s) were timed: V=10 B=1 γ=1 (40%)" in w
+
+
+def test_others_cpu_share():
+    assert bench._others_cpu((10.0, 1.0, 100.0), (12.0, 2.0, 101.0)) == pytest.approx(1.0 / (os.cpu_count() or 1))
+    assert bench._others_cpu((10.0, 1.0, 100.0), (11.0, 2.0, 101.0)) == 0.0  # all the busy time was ours
+    assert bench._others_cpu(None, (1.0, 1.0, 1.0)) is None
+    clock = bench._cpu_clock()
+    assert clock is None or (clock[0] >= 0 and clock[1] >= 0)
 
 
 def test_byte_model():
