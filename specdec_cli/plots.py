@@ -25,11 +25,14 @@ def _figure(rows: int, cols: int):
 
 
 def _log_y(ax) -> None:
-    """Log y axis with plain tick labels (0.2, 0.5, 1, 2, 5, ...) instead of powers of ten."""
+    """Log y axis with plain tick labels (0.2, 0.5, 1, 2, 5, ...) instead of powers of ten; more of them
+    when the data span less than a decade. Call after plotting."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    lo, hi = ax.get_ylim()
+    subs = (1.0, 2.0, 5.0) if hi >= 10 * lo else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
