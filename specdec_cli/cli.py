@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from specdec_cli import models
 from specdec_cli.errors import SpecdecError
 
 app = typer.Typer(
@@ -57,18 +58,6 @@ Alpha = Annotated[float, typer.Option(help="Sigmoid approximation: lower logit c
 Beta = Annotated[float, typer.Option(help="Sigmoid approximation: upper logit constant β (paper eq. 5).")]
 
 
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise SpecdecError(f"--device must be auto, cpu or cuda (got {device!r})")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpecdecError("--device cuda: no CUDA device is available on this machine")
-    return device
-
-
 @app.command("verify-kernel")
 @handle_errors
 def verify_kernel(
@@ -101,7 +90,7 @@ def verify_kernel(
     if mode not in ("exact", "sigmoid"):
         raise SpecdecError(f"--mode must be exact or sigmoid (got {mode!r})")
     kernel_check.validate(vocab, gamma, batch, samples, alpha, beta, cases)
-    device = resolve_device(device)
+    device = models.resolve_device(device)
     with render.status(f"verify-kernel --mode {mode}", quiet=as_json) as step:
         report = kernel_check.run(
             mode, vocab=vocab, gamma=gamma, batch=batch, samples=samples, alpha=alpha, beta=beta,
@@ -168,7 +157,7 @@ def bench(
             threads=threads,
         )
     config.validate()
-    config.device = resolve_device(device)
+    config.device = models.resolve_device(device)
     warnings = lib.warnings_for(config)
     for w in warnings:
         render.warn(w)

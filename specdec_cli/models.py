@@ -161,7 +161,7 @@ def resolve_device(name: str = "auto") -> str:
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise SpecdecError("--device mps: the MPS backend is not available here; use --device cpu")
         return name
-    raise SpecdecError(f"unknown device '{name}': use auto, cpu or cuda")
+    raise SpecdecError(f"--device {name}: unknown device '{name}': use auto, cpu or cuda")
 
 
 _DTYPES = {
