@@ -220,6 +220,24 @@ class GenerationResult:
     stats: GenerationStats
 
 
+_SUMMED = ("new_tokens", "target_calls", "row_calls", "draft_calls", "draft_tokens", "accepted_tokens",
+           "verify_calls", "wall_s", "prefill_s", "draft_s", "target_s", "verify_s")
+
+
+def merge_stats(parts: Iterable[GenerationStats], into: GenerationStats) -> GenerationStats:
+    """Sum the decoding stats of several generate() calls into `into` (not finished: call finish())."""
+    for s in parts:
+        for name in _SUMMED:
+            setattr(into, name, getattr(into, name) + getattr(s, name))
+        into.backend = s.backend or into.backend
+        into.gamma_history.extend(s.gamma_history)
+        h = into.accepted_histogram
+        h.extend([0] * (len(s.accepted_histogram) - len(h)))
+        for i, n in enumerate(s.accepted_histogram):
+            h[i] += n
+    return into
+
+
 # ----------------------------------------------------------------------------------------------------
 # The slot grid shared by both models
 

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from specdec_cli.audio import SAMPLE_RATE, AudioWindow, is_silent, load_audio, windows
-from specdec_cli.decoding import Decoder, GenerationStats, Seq2SeqDecoder, generate
+from specdec_cli.decoding import Decoder, GenerationStats, Seq2SeqDecoder, generate, merge_stats
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sampling import SamplingParams
 
@@ -776,24 +776,6 @@ class TranscribeStats(GenerationStats):
     draft_abstained: int = 0  # draft steps that proposed nothing (after an EOS or an unsure token; not in draft_tokens)
     total_s: float = 0.0  # everything above, per input
     finish_reasons: list[str] = field(default_factory=list)  # per decoded window
-
-
-_SUMMED = ("new_tokens", "target_calls", "row_calls", "draft_calls", "draft_tokens", "accepted_tokens",
-           "verify_calls", "wall_s", "prefill_s", "draft_s", "target_s", "verify_s")
-
-
-def merge_stats(parts: Sequence[GenerationStats], into: TranscribeStats) -> TranscribeStats:
-    """Sum the decoding stats of several generate() calls into `into` (not finished)."""
-    for s in parts:
-        for name in _SUMMED:
-            setattr(into, name, getattr(into, name) + getattr(s, name))
-        into.backend = s.backend or into.backend
-        into.gamma_history.extend(s.gamma_history)
-        h = into.accepted_histogram
-        h.extend([0] * (len(s.accepted_histogram) - len(h)))
-        for i, n in enumerate(s.accepted_histogram):
-            h[i] += n
-    return into
 
 
 @dataclass
