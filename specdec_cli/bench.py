@@ -25,11 +25,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 import torch
 
 from specdec_cli.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from specdec_cli.decoding import GenerationStats
 
 TASKS = ("synthetic", "summarize", "transcribe")
 SYNTHETIC_MODES = ("baseline", "exact", "sigmoid", "hf")  # hf: transformers' _speculative_sampling
@@ -126,17 +129,23 @@ class SyntheticConfig:
         return shlex.join(args)
 
 
+# A task's own settings (TaskConfig.options), each the `specdec bench` option of that name ("max_new_tokens" ->
+# --max-new-tokens); an option left out takes the task runner's default. Library callers may also pass
+# "inputs" (paths) and "references" (texts) instead of "data".
+TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "max_new_tokens", "temperature")
+
+
 @dataclass
 class TaskConfig:
     """What a task runner is asked to run: every γ × every mode, plus autoregressive once (γ = 0).
-    `options` carries the task's own settings (inputs, models, max_new_tokens, ...)."""
+    `options` carries the task's own settings (TASK_OPTIONS). dtype is the models' ("auto" allowed)."""
 
     task: str
     gammas: list[int]
     modes: list[str]
     batch: int = 1
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"
     repeat: int = 1
     backend: str = "auto"
     alpha: float = -1e4
@@ -146,28 +155,50 @@ class TaskConfig:
     options: dict = field(default_factory=dict)
 
     def validate(self) -> "TaskConfig":
+        """Checks every option, finds the inputs (task_inputs) and reads them, all before any model loads."""
         if self.task not in TASKS or self.task == "synthetic":
             raise SpecdecError(f"--task must be one of {', '.join(TASKS)} (got {self.task!r})")
         if not self.gammas:
             raise SpecdecError("--gamma is empty")
         _check_gammas(self.gammas)
         if not self.modes:
-            raise SpecdecError("--modes is empty")
+            raise SpecdecError(f"--modes is empty: choose from {', '.join(TASK_MODES)} (autoregressive always runs)")
         for m in self.modes:
             if m not in TASK_MODES:
                 raise SpecdecError(f"--modes: unknown {m!r} for --task {self.task} (choose from {', '.join(TASK_MODES)})")
         if self.batch < 1:
             raise SpecdecError(f"--batch must be at least 1 (got {self.batch})")
-        _check_common(self.dtype, self.backend, self.repeat, self.alpha, self.beta, self.threads)
+        _check_common(self.dtype, self.backend, self.repeat, self.alpha, self.beta, self.threads,
+                      dtypes=("auto", *DTYPES))
+        opts = self.options
+        for key, least in (("limit", 1), ("max_new_tokens", 1), ("draft_vocab", 0)):
+            if opts.get(key) is not None and opts[key] < least:
+                raise SpecdecError(f"{_flag(key)} must be at least {least} (got {opts[key]})")
+        t = opts.get("temperature")
+        if t is not None and not 0.0 <= t < float("inf"):
+            raise SpecdecError(f"--temperature must be 0 (greedy) or positive (got {t})")
         if self.task not in TASK_RUNNERS:
             raise SpecdecError(f"--task {self.task} is not available yet: use --task synthetic")
+        read_task_inputs(self.task, task_inputs(self)[0])
         return self
+
+    @property
+    def greedy(self) -> bool:
+        return not self.options.get("temperature")
 
     def command(self) -> str:
         args = ["specdec", "bench", "--task", self.task, "--gamma", _join(self.gammas), "--modes",
                 ",".join(self.modes), "--batch", str(self.batch), "--device", self.device, "--dtype", self.dtype,
-                "--repeat", str(self.repeat), "--backend", self.backend, "--seed", str(self.seed)] + _threads_arg(self.threads)
+                "--repeat", str(self.repeat), "--backend", self.backend, "--alpha", str(self.alpha), "--beta",
+                str(self.beta), "--seed", str(self.seed)] + _threads_arg(self.threads)
+        for key in TASK_OPTIONS:
+            if self.options.get(key) is not None:
+                args += [_flag(key), str(self.options[key])]
         return shlex.join(args)
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
 def _threads_arg(threads) -> list[str]:
@@ -184,9 +215,9 @@ def _check_gammas(gammas):
         raise SpecdecError(f"--gamma must be between 1 and {MAX_GAMMA} (got {bad[0]})")
 
 
-def _check_common(dtype, backend, repeat, alpha, beta, threads):
-    if dtype not in DTYPES:
-        raise SpecdecError(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+def _check_common(dtype, backend, repeat, alpha, beta, threads, dtypes=tuple(DTYPES)):
+    if dtype not in dtypes:
+        raise SpecdecError(f"--dtype must be one of {', '.join(dtypes)} (got {dtype!r})")
     if backend not in BACKENDS:
         raise SpecdecError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     if repeat < 1:
@@ -203,6 +234,9 @@ def warnings_for(config: SyntheticConfig | TaskConfig) -> list[str]:
     if config.backend == "triton" and config.device == "cpu":
         out.append("--backend triton on a CPU runs the Triton interpreter: very slow, and its timings "
                    "measure the interpreter, not the kernel")
+    if isinstance(config, TaskConfig) and config.greedy and len(config.modes) > 1:
+        out.append("greedy decoding (--temperature 0) verifies by argmax match in every mode: baseline, exact and "
+                   "sigmoid then run the same code and differ only by noise; pass --temperature 1 to compare them")
     load = _load_average()
     cores = os.cpu_count() or 1
     if load is not None and load > cores:
@@ -559,24 +593,181 @@ class TaskRecord:
     verify_ms_per_call: float | None
     draft_ms_per_forward: float | None  # one draft forward pass (None for autoregressive)
     target_ms_per_forward: float | None  # one target forward pass (the one-token step for autoregressive)
-    peak_memory_mib: float | None
+    peak_memory_mib: float | None  # PeakMemory: CUDA tensors, or the process's peak resident set on a CPU
     quality: dict[str, float] = field(default_factory=dict)  # rouge1/rouge2/rougeL or wer (score_quality)
+    backend: str | None = None  # the verification backend that ran ("torch", "triton", ...)
+    outputs: list[str] = field(default_factory=list)  # the text of each input, in input order
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
     cost_ratio: float | None = None  # c = draft ms per forward / target ms per forward
     predicted_speedup: float | None = None  # walltime_speedup(α, γ, c)
     best_gamma: int | None = None  # best_gamma(α, c)
+    same_as_autoregressive: float | None = None  # share of inputs whose output equals autoregressive's
 
 
 class TaskRunner(Protocol):
     def __call__(self, config: TaskConfig, progress: Progress) -> list[TaskRecord]: ...
 
 
+def _summarize_runner(config: TaskConfig, progress: Progress) -> list[TaskRecord]:
+    from specdec_cli.summarize import bench_runner  # imported on use: the task modules import this one
+
+    return bench_runner(config, progress)
+
+
+def _transcribe_runner(config: TaskConfig, progress: Progress) -> list[TaskRecord]:
+    from specdec_cli.transcribe import bench_runner
+
+    return bench_runner(config, progress)
+
+
 # The decoding tasks plug in here: name -> runner(TaskConfig, progress) -> [TaskRecord, ...], one record
-# per (γ, mode) plus one autoregressive record (γ = 0). Until a task's runner is registered,
-# `specdec bench --task NAME` exits 2 saying it is not available yet.
-TASK_RUNNERS: dict[str, TaskRunner] = {}
+# per (γ, mode) plus one autoregressive record (γ = 0), usually built by `run_contenders`.
+TASK_RUNNERS: dict[str, TaskRunner] = {"summarize": _summarize_runner, "transcribe": _transcribe_runner}
+
+# Where a task finds its inputs under --data DIR: DIR/<folder> when it exists, else DIR itself; files with
+# these suffixes are inputs, except `*.ref.txt`, which are references (`<stem>.ref.txt` beside its input).
+TASK_DATA = {
+    "summarize": ("articles", (".txt",), "*.txt articles"),
+    "transcribe": ("audio", (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", ".raw", ".pcm"), "audio files"),
+}
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"  # --data's default
+
+
+def data_files(task: str, data: str | Path | None) -> list[str]:
+    """The input files of `task` under --data (sorted), or SpecdecError when there are none."""
+    root = Path(data) if data is not None else EXAMPLES
+    if not root.is_dir():
+        raise SpecdecError(f"--data {root}: no such directory")
+    folder, suffixes, what = TASK_DATA[task]
+    where = root / folder if (root / folder).is_dir() else root
+    files = sorted(p for p in where.iterdir()
+                   if p.is_file() and p.suffix.lower() in suffixes and not p.name.endswith(".ref.txt"))
+    if not files:
+        raise SpecdecError(f"--data {root}: no usable files for --task {task} (expected {what} in it or in "
+                           f"{folder}/, with <name>.ref.txt references beside them)")
+    return [str(p) for p in files]
+
+
+def task_inputs(config: TaskConfig) -> tuple[list[str], list[str] | None]:
+    """(input paths, their references; None unless every input has one), the first --limit of them, from:
+    options["inputs"] (+ options["references"]) when given; else the files under --data (data_files);
+    else the task's default: examples/, and for transcribe first the LibriVox clips of Debian's
+    pocketsphinx-testdata when installed (5 clips, examples/audio holds one of them)."""
+    from specdec_cli.audio import librivox_clips, reference_for
+
+    opts = config.options
+    if opts.get("inputs"):
+        inputs = [str(p) for p in opts["inputs"]]
+        refs = list(opts.get("references") or [reference_for(p) for p in inputs])
+    elif opts.get("data") is None and config.task == "transcribe" and librivox_clips():
+        inputs, refs = map(list, zip(*((str(w), r) for w, r in librivox_clips())))
+    else:
+        inputs = data_files(config.task, opts.get("data"))
+        refs = [reference_for(p) for p in inputs]
+    limit = opts.get("limit") or len(inputs)
+    inputs, refs = inputs[:limit], refs[:limit]
+    return inputs, (refs if all(r is not None for r in refs) else None)
+
+
+def read_task_inputs(task: str, paths: list[str]) -> None:
+    """Read every input as its task will (SpecdecError on an empty, binary or unreadable one)."""
+    if task == "summarize":
+        from specdec_cli.summarize import read_article
+
+        for p in paths:
+            read_article(p)
+    elif task == "transcribe":
+        from specdec_cli.audio import load_audio
+
+        for p in paths:
+            load_audio(p)
+
+
+def _peak_rss_mib() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+class PeakMemory:
+    """`with PeakMemory(device) as peak: ...` then peak.mib: the peak memory of the block, MiB.
+
+    CUDA: torch's peak allocated bytes (weights, KV caches, activations: the paper's figures 4, 5).
+    CPU: the process's peak resident set (Linux VmHWM, reset on entry by writing 5 to
+    /proc/self/clear_refs), so models, caches and the interpreter are all in it; None where it cannot
+    be reset (not Linux). tracemalloc would not do: it does not see torch's allocations."""
+
+    def __init__(self, device: str):
+        self.cuda = str(device).startswith("cuda")
+        self.mib: float | None = None
+        self._reset = False
+
+    def __enter__(self) -> "PeakMemory":
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            return self
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._reset = True
+        except OSError:
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.mib = torch.cuda.max_memory_allocated() / 2**20
+        elif self._reset:
+            self.mib = _peak_rss_mib()
+
+
+WARMUP_TOKENS = 8  # new tokens of the untimed warm-up decode of each mode
+
+# decode(mode, γ, short) -> (texts in input order, finished GenerationStats summed over the inputs);
+# short: the first input only, at most WARMUP_TOKENS new tokens (the warm-up).
+Decode = Callable[[str, int, bool], tuple[list[str], "GenerationStats"]]
+
+
+def run_contenders(config: TaskConfig, decode: Decode, references: list[str] | None,
+                   progress: Progress) -> list[TaskRecord]:
+    """A task runner's loop: autoregressive (γ = 0), then every γ × mode, each decoding every input.
+    Every mode first runs one short untimed decode (first-call costs stay out of the figures); each
+    contender then runs config.repeat times and keeps its fastest pass, with that pass's peak memory."""
+    contenders = [("autoregressive", 0)] + [(m, g) for g in config.gammas for m in config.modes]
+    for mode in dict.fromkeys(m for m, _ in contenders):
+        decode(mode, 0 if mode == "autoregressive" else config.gammas[0], True)
+    records = []
+    for mode, gamma in contenders:
+        best = None
+        for _ in range(config.repeat):
+            with PeakMemory(config.device) as peak:
+                texts, stats = decode(mode, gamma, False)
+            if best is None or stats.wall_s < best[1].wall_s:
+                best = (texts, stats, peak.mib)
+        records.append(task_record(config.task, mode, gamma, *best, references))
+        progress("autoregressive" if mode == "autoregressive" else f"{mode} γ={gamma}")
+    return records
+
+
+def task_record(task: str, mode: str, gamma: int, texts: list[str], stats, peak_mib: float | None,
+                references: list[str] | None) -> TaskRecord:
+    """A TaskRecord from one pass: its texts and its finished GenerationStats (decoding.py)."""
+    return TaskRecord(
+        task=task, gamma=gamma, mode=mode, new_tokens=stats.new_tokens, wall_s=stats.wall_s,
+        tokens_per_s=stats.tokens_per_s, acceptance_rate=stats.acceptance_rate,
+        mean_accepted_per_call=stats.mean_accepted_per_call, verify_ms_per_call=stats.verify_ms_per_call,
+        draft_ms_per_forward=1e3 * stats.draft_s / stats.draft_calls if stats.draft_calls else None,
+        target_ms_per_forward=1e3 * stats.target_s / stats.target_calls if stats.target_calls else None,
+        peak_memory_mib=peak_mib,
+        quality=score_quality(task, texts, references) if references else {},
+        backend=stats.backend, outputs=list(texts),
+    )
 
 
 def score_quality(task: str, predictions: list[str], references: list[str]) -> dict[str, float]:
@@ -590,9 +781,10 @@ def score_quality(task: str, predictions: list[str], references: list[str]) -> d
     raise ValueError(f"no quality metric for task {task!r}")
 
 
-def aggregate(records: list[TaskRecord]) -> list[TaskRecord]:
-    """Fill the derived fields: the measured speedup over the autoregressive record, and Leviathan's
-    prediction (Theorem 3.8) from the measured α and c.
+def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord]:
+    """Fill the derived fields: the measured speedup over the autoregressive record, Leviathan's
+    prediction (Theorem 3.8) from the measured α and c, and (greedy only: sampled outputs differ draw by
+    draw) the share of outputs equal to the autoregressive ones.
 
     α is inverted from mean_accepted_per_call (not accepted / drafted, which undercounts it: see
     speedup.acceptance_from_mean_accepted). c = draft ms per forward / target ms per forward, where
@@ -608,6 +800,8 @@ def aggregate(records: list[TaskRecord]) -> list[TaskRecord]:
             continue
         if ar is not None and ar.tokens_per_s > 0:
             r.speedup = r.tokens_per_s / ar.tokens_per_s
+        if greedy and ar is not None and ar.outputs and len(r.outputs) == len(ar.outputs):
+            r.same_as_autoregressive = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)
         if r.mean_accepted_per_call is None or r.gamma < 1:
             continue
         r.alpha = speedup.acceptance_from_mean_accepted(min(r.mean_accepted_per_call, r.gamma), r.gamma)
@@ -620,24 +814,25 @@ def aggregate(records: list[TaskRecord]) -> list[TaskRecord]:
     return records
 
 
-# The task tables' columns (record field, header): speed, then acceptance, cost and quality (the quality
-# columns are appended per task).
+# The task tables' columns (record field, header), three tables narrow enough for 80 columns: speed;
+# acceptance and cost (the inputs of the prediction); quality (its columns are appended per task).
 TASK_SPEED_COLUMNS = (
-    ("gamma", "γ"), ("mode", "mode"), ("tokens_per_s", "tok/s"), ("speedup", "speedup"),
-    ("predicted_speedup", "predicted"), ("alpha", "α"), ("cost_ratio", "c"), ("best_gamma", "best γ"),
+    ("gamma", "γ"), ("mode", "mode"), ("new_tokens", "tokens"), ("wall_s", "wall s"), ("tokens_per_s", "tok/s"),
+    ("speedup", "speedup"), ("predicted_speedup", "predicted"), ("best_gamma", "best γ"),
 )
 TASK_COST_COLUMNS = (
     ("gamma", "γ"), ("mode", "mode"), ("acceptance_rate", "acc"), ("mean_accepted_per_call", "acc/call"),
-    ("verify_ms_per_call", "verify ms"), ("peak_memory_mib", "peak MiB"),
+    ("alpha", "α"), ("cost_ratio", "c"), ("verify_ms_per_call", "verify ms"), ("peak_memory_mib", "peak MiB"),
 )
-TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS))
+TASK_QUALITY_COLUMNS = (("gamma", "γ"), ("mode", "mode"), ("same_as_autoregressive", "= AR"))
+TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS + TASK_QUALITY_COLUMNS))
 
 
 def run_task(config: TaskConfig, progress: Progress | None = None) -> list[TaskRecord]:
     runner = TASK_RUNNERS.get(config.task)
     if runner is None:
         raise SpecdecError(f"--task {config.task} is not available yet: use --task synthetic")
-    return aggregate(list(runner(config, progress or (lambda _msg: None))))
+    return aggregate(list(runner(config, progress or (lambda _msg: None))), greedy=config.greedy)
 
 
 # ----------------------------------------------------------------------------------------- results
@@ -662,7 +857,8 @@ class BenchResults:
             return [("", cols)]
         keys = list(dict.fromkeys(k for r in self.records for k in r.quality))
         return [("speed: measured over autoregressive, and predicted from α and c", list(TASK_SPEED_COLUMNS)),
-                ("acceptance, cost and quality", list(TASK_COST_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
+                ("acceptance and cost", list(TASK_COST_COLUMNS)),
+                ("quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
 
     def to_dict(self) -> dict:
         return {
@@ -741,6 +937,7 @@ def total_steps(config: SyntheticConfig | TaskConfig) -> int:
 
 def _flat(record) -> dict:
     row = asdict(record)
+    row.pop("outputs", None)  # texts: in the JSON only
     quality = row.pop("quality", None) or {}
     row.update({f"quality_{k}": v for k, v in quality.items()})
     return row

@@ -110,51 +110,72 @@ def bench(
     vocab: Annotated[str, typer.Option(help="Vocabulary sizes V, comma-separated (synthetic).")] = "32000,151936",
     gamma: Annotated[str, typer.Option(help="Draft lengths γ, comma-separated (1..32).")] = "1,5,10",
     batch: Annotated[str, typer.Option(help="Batch sizes B, comma-separated (a decoding task runs at the smallest).")] = "1,8",
-    modes: Annotated[str, typer.Option(help="Comma-separated: baseline, exact, sigmoid, and hf (transformers' own, B = 1 only).")] = "baseline,exact,sigmoid,hf",
+    modes: Annotated[str, typer.Option(help="Comma-separated: baseline, exact, sigmoid, and hf (transformers' own, synthetic, B = 1 only). A task always runs autoregressive too.")] = "baseline,exact,sigmoid,hf",
     device: Device = "auto",
-    dtype: Annotated[str, typer.Option(help="Logits dtype: float32 | bfloat16 | float16.")] = "float32",
+    dtype: Annotated[Optional[str], typer.Option(help="synthetic: the logits' dtype, float32 (default) | bfloat16 | float16; a task: the models' dtype, auto (default) or one of those.")] = None,
     overlap: Annotated[float, typer.Option(help="Synthetic draft/target overlap Σ min(p, q), i.e. the expected α.")] = 0.8,
-    repeat: Annotated[int, typer.Option(help="Timed calls per provider (at least; more while under 0.1 s).")] = 50,
+    repeat: Annotated[Optional[int], typer.Option(help="synthetic: timed calls per provider (default 50; more while under 0.1 s). A task: passes over the inputs per (γ, mode), the fastest kept (default 1).")] = None,
     backend: Annotated[str, typer.Option(help="exact/sigmoid kernels: auto (triton on CUDA, torch on CPU) | torch | triton.")] = "auto",
     alpha: Alpha = -1e4,
     beta: Beta = 1e4,
     seed: Seed = 0,
     threads: Annotated[Optional[int], typer.Option(help="torch intra-op threads (default: torch's, one per core).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="A task's inputs: a directory of articles (*.txt) or audio, or with an articles/ or audio/ folder; <name>.ref.txt beside an input is its reference. Default: examples/ (transcribe: the LibriVox clips of pocketsphinx-testdata when installed).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="A task: only the first N inputs.")] = None,
+    target: Annotated[Optional[str], typer.Option(help="A task's target model, as for `specdec summarize|transcribe` (default: embedded).")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="A task's draft model, as for `specdec summarize|transcribe` (default: embedded; transcribe: self).")] = None,
+    draft_vocab: Annotated[Optional[int], typer.Option(help="A task's draft output layer size, as for `specdec summarize|transcribe` (0 = full).")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="A task: new tokens per input (default 100; transcribe: 224 per 30 s window).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="A task: 0 = greedy (default; every mode then verifies by argmax match), > 0 samples and compares the verifications.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write every figure, the command line and the machine as JSON.")] = None,
     csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per (grid point, mode).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write PNG plots into this directory.")] = None,
     as_json: Json = False,
 ):
-    """Time the verification step on synthetic logits (or, later, whole decoding tasks) per γ and mode.
+    """Time the verification step on synthetic logits, or whole decoding tasks, per γ and mode.
 
     synthetic: one verification step on LM-like logits; per (V, B, γ) every mode is timed side by
     side. Reports ms per step (median), the ratio to `baseline` and to transformers' own `hf` (B = 1),
-    and the acceptance rate of each mode. `--task summarize|transcribe` are not available yet.
+    and the acceptance rate of each mode.
+
+    summarize | transcribe: the task over the inputs of --data, autoregressive once, then every γ × mode.
+    Reports tokens/s, the speedup over autoregressive beside the one Leviathan et al.'s formula predicts
+    from the measured α and cost ratio c (and the γ it says is best), acceptance, verification ms per
+    call, peak memory, and ROUGE or WER against the references.
 
     Examples:
 
         specdec bench --task synthetic
         specdec bench --vocab 151936 --gamma 5 --batch 1 --json
         specdec bench --out results.json --csv results.csv --plot plots/
+        specdec bench --task summarize --gamma 2,4 --modes exact,sigmoid --temperature 1 --limit 3
+        specdec bench --task transcribe --data my-clips/ --target embedded:tiny.en --plot plots/
     """
     from specdec_cli import bench as lib
     from specdec_cli import render
 
     if task not in lib.TASKS:
         raise SpecdecError(f"--task must be one of {', '.join(lib.TASKS)} (got {task!r})")
+    options = {"data": data, "limit": limit, "target": target, "draft": draft, "draft_vocab": draft_vocab,
+               "max_new_tokens": max_new_tokens, "temperature": temperature}
     if task == "synthetic":
+        given = [k for k, v in options.items() if v is not None]
+        if given:
+            raise SpecdecError(f"--{given[0].replace('_', '-')} is for --task summarize or transcribe, not synthetic")
         config = lib.SyntheticConfig(
             vocabs=lib.parse_ints(vocab, "--vocab"), gammas=lib.parse_ints(gamma, "--gamma"),
             batches=lib.parse_ints(batch, "--batch"), modes=lib.parse_names(modes, "--modes", lib.SYNTHETIC_MODES),
-            device=device, dtype=dtype, overlap=overlap, repeat=repeat, backend=backend, alpha=alpha, beta=beta,
-            seed=seed, threads=threads,
+            device=device, dtype=dtype or "float32", overlap=overlap, repeat=50 if repeat is None else repeat,
+            backend=backend, alpha=alpha, beta=beta, seed=seed, threads=threads,
         )
     else:
+        names = lib.parse_names(modes, "--modes", ("autoregressive", *lib.SYNTHETIC_MODES))
         config = lib.TaskConfig(
             task=task, gammas=lib.parse_ints(gamma, "--gamma"), batch=lib.parse_ints(batch, "--batch")[0],
-            modes=[m for m in lib.parse_names(modes, "--modes", lib.SYNTHETIC_MODES) if m != "hf"],
-            device=device, dtype=dtype, repeat=repeat, backend=backend, alpha=alpha, beta=beta, seed=seed,
-            threads=threads,
+            modes=[m for m in names if m in lib.TASK_MODES],  # autoregressive always runs; hf is synthetic only
+            device=device, dtype=dtype or "auto", repeat=1 if repeat is None else repeat, backend=backend,
+            alpha=alpha, beta=beta, seed=seed, threads=threads,
+            options={k: (str(v) if isinstance(v, Path) else v) for k, v in options.items() if v is not None},
         )
     config.validate()
     config.device = models.resolve_device(device)

@@ -140,7 +140,8 @@ def _cell(key: str, v) -> str:
         return str(v)
     if key.startswith("speedup") or key == "predicted_speedup":
         return f"{v:.2f}×"
-    if key in ("acceptance_rate", "expected_acceptance_rate", "alpha", "cost_ratio") or key.startswith("quality."):
+    if key in ("acceptance_rate", "expected_acceptance_rate", "alpha", "cost_ratio", "same_as_autoregressive") \
+            or key.startswith("quality."):
         return f"{v:.3f}"
     if isinstance(v, float):  # three significant digits, trailing zeros kept so columns line up
         return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}" if v else "0"
@@ -176,9 +177,11 @@ def bench_table(results) -> None:
                   f"{_calls(results)} calls; expect = the rate exact sampling must give on these draft tokens. "
                   f"Backends: {backends}.", highlight=False)
     else:
+        peak = "torch's peak allocated" if m["device"] == "cuda" else "the process's peak resident set, models included"
         err.print(f"{m['device_name']}. speedup = tok/s over autoregressive tok/s; predicted = Leviathan's "
                   "(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with α from acc/call and c = draft ms / target ms per "
-                  "forward; best γ maximises the prediction.", highlight=False)
+                  "forward; best γ maximises the prediction. verify ms = one verification call; peak MiB = "
+                  f"{peak}; = AR = share of inputs whose output equals autoregressive's.", highlight=False)
 
 
 def _calls(results) -> str:

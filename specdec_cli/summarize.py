@@ -179,3 +179,46 @@ def load_pair(target_spec: str, draft_spec: str, *, mode: str, dtype: str, devic
     if mode == "autoregressive":
         return target, None
     return target, models.load_draft(draft_spec, target, progress=progress)
+
+
+# ----------------------------------------------------------------------------------------------------
+# `specdec bench --task summarize`
+
+DEFAULT_DRAFT_VOCAB = 32768  # `specdec summarize --draft-vocab`'s default
+
+
+def bench_runner(config, progress) -> list:
+    """The summarize task runner for specdec_cli.bench (TASK_RUNNERS["summarize"]): one TaskRecord per
+    (γ, mode) plus autoregressive (bench.run_contenders), over the articles of --data (bench.task_inputs:
+    examples/articles/*.txt by default, ROUGE against their .ref.txt references). wall_s is the decoding
+    loops' time (prefill included; tokenizing left out); articles too long for the context are cut as
+    with `summarize --truncate`.
+
+    options: target ("embedded"), draft ("embedded"), draft_vocab (DEFAULT_DRAFT_VOCAB; 0 = full),
+    max_new_tokens (100), temperature (0: greedy), data / inputs / references / limit (task_inputs).
+    config.dtype is the models' dtype; config.batch the articles decoded together."""
+    from specdec_cli import bench
+    from specdec_cli.decoding import merge_stats
+
+    opts = config.options
+    inputs, refs = bench.task_inputs(config)
+    articles = [read_article(p) for p in inputs]  # every article is checked before the models load
+    target, draft = load_pair(opts.get("target") or "embedded", opts.get("draft") or "embedded", mode="exact",
+                              dtype=config.dtype, device=config.device, progress=False)
+    params = SamplingParams(temperature=float(opts.get("temperature") or 0.0), seed=config.seed)
+    max_new = int(opts.get("max_new_tokens") or 100)
+    draft_vocab = opts.get("draft_vocab")
+    draft_vocab = DEFAULT_DRAFT_VOCAB if draft_vocab is None else int(draft_vocab)
+
+    def decode(mode: str, gamma: int, short: bool):
+        out = summarize(
+            target, None if mode == "autoregressive" else draft, articles[:1] if short else articles, mode=mode,
+            gamma=max(gamma, 1), params=params, max_new_tokens=min(max_new, bench.WARMUP_TOKENS) if short else max_new,
+            batch_size=config.batch, truncate=True, alpha=config.alpha, beta=config.beta, backend=config.backend,
+            draft_vocab=draft_vocab,
+        )
+        batches = {id(s.stats): s.stats for s in out}.values()  # the articles of a batch share its stats
+        stats = merge_stats(batches, GenerationStats(mode, gamma, "constant", config.batch)).finish()
+        return [s.text for s in out], stats
+
+    return bench.run_contenders(config, decode, refs, progress)

@@ -1030,64 +1030,34 @@ def joined_librivox(repeats: int = 3) -> tuple[np.ndarray, str] | None:
 
 def bench_runner(config, progress) -> list:
     """The transcribe task runner for specdec_cli.bench (TASK_RUNNERS["transcribe"]): one TaskRecord per
-    (γ, mode) plus autoregressive, over the LibriVox clips of pocketsphinx-testdata (or
-    config.options["inputs"]), greedy unless options["temperature"]. Each contender runs config.repeat
-    times and keeps its fastest pass; wall_s is the decoding loops' time (the encoder, the same for every
-    contender, is left out: see benchmarks/transcribe_bench.py for both).
+    (γ, mode) plus autoregressive (bench.run_contenders), over the audio of --data, by default the LibriVox
+    clips of pocketsphinx-testdata (bench.task_inputs), greedy unless options["temperature"]. wall_s is
+    the decoding loops' time (the encoder, the same for every contender, is left out: see
+    benchmarks/transcribe_bench.py for both).
 
-    options: target ("embedded"), draft ("self"), draft_vocab (DEFAULT_HEAD_SIZE; 0 = full), inputs
-    (audio paths), references (texts, for WER), temperature (0), language ("auto"), max_new_tokens (224).
+    options: target ("embedded"), draft ("self"), draft_vocab (DEFAULT_HEAD_SIZE; 0 = full), temperature (0),
+    language ("auto"), max_new_tokens (224), data / inputs / references / limit (task_inputs).
     config.dtype is the models' dtype."""
     from specdec_cli import bench
-    from specdec_cli.audio import librivox_clips, reference_for
 
     opts = dict(config.options or {})
-    inputs = [str(p) for p in opts.get("inputs") or []]
-    refs = opts.get("references")
-    if not inputs:
-        clips = librivox_clips()
-        if not clips:
-            raise SpecdecError("--task transcribe needs audio: install Debian's pocketsphinx-testdata (LibriVox clips)")
-        inputs, refs = [str(w) for w, _ in clips], [r for _, r in clips]
-    if refs is None:
-        found = [reference_for(p) for p in inputs]
-        refs = found if all(found) else None
+    inputs, refs = bench.task_inputs(config)
     audios = check_inputs(inputs)
-    target = load_whisper(opts.get("target", "embedded"), dtype=config.dtype, device=config.device, progress=False)
-    head = opts.get("draft_vocab", DEFAULT_HEAD_SIZE) or None
-    draft = load_draft(opts.get("draft", "self"), target, head_size=head, progress=False)
-    params = SamplingParams(temperature=float(opts.get("temperature", 0.0)), seed=config.seed)
+    target = load_whisper(opts.get("target") or "embedded", dtype=config.dtype, device=config.device, progress=False)
+    head = opts.get("draft_vocab")
+    head = DEFAULT_HEAD_SIZE if head is None else (head or None)
+    draft = load_draft(opts.get("draft") or "self", target, head_size=head, progress=False)
+    params = SamplingParams(temperature=float(opts.get("temperature") or 0.0), seed=config.seed)
     language = opts.get("language", "auto")
-    max_new = int(opts.get("max_new_tokens", 224))
+    max_new = int(opts.get("max_new_tokens") or 224)
 
-    def run(mode: str, gamma: int):
-        best = None
-        for _ in range(config.repeat):
-            if torch.cuda.is_available() and str(config.device).startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-            out = transcribe(target, None if mode == "autoregressive" else draft, inputs, audios=audios, mode=mode,
-                             gamma=max(gamma, 1), params=params, max_new_tokens=max_new, batch_size=config.batch,
-                             language=language, alpha=config.alpha, beta=config.beta, backend=config.backend)
-            s = merge_stats([t.stats for t in out], TranscribeStats(mode, gamma, "constant", config.batch)).finish()
-            if best is None or s.wall_s < best[1].wall_s:
-                peak = (torch.cuda.max_memory_allocated() / 2**20
-                        if torch.cuda.is_available() and str(config.device).startswith("cuda") else None)
-                best = (out, s, peak)
-        out, s, peak = best
-        return bench.TaskRecord(
-            task="transcribe", gamma=gamma, mode=mode, new_tokens=s.new_tokens, wall_s=s.wall_s,
-            tokens_per_s=s.tokens_per_s, acceptance_rate=s.acceptance_rate,
-            mean_accepted_per_call=s.mean_accepted_per_call, verify_ms_per_call=s.verify_ms_per_call,
-            draft_ms_per_forward=1e3 * s.draft_s / s.draft_calls if s.draft_calls else None,
-            target_ms_per_forward=1e3 * s.target_s / s.target_calls if s.target_calls else None,
-            peak_memory_mib=peak,
-            quality=bench.score_quality("transcribe", [t.text for t in out], refs) if refs else {},
-        )
+    def decode(mode: str, gamma: int, short: bool):
+        out = transcribe(target, None if mode == "autoregressive" else draft, inputs[:1] if short else inputs,
+                         audios=audios[:1] if short else audios, mode=mode, gamma=max(gamma, 1), params=params,
+                         max_new_tokens=min(max_new, bench.WARMUP_TOKENS) if short else max_new,
+                         batch_size=config.batch, language=language, alpha=config.alpha, beta=config.beta,
+                         backend=config.backend)
+        stats = merge_stats([t.stats for t in out], TranscribeStats(mode, gamma, "constant", config.batch)).finish()
+        return [t.text for t in out], stats
 
-    records = [run("autoregressive", 0)]
-    progress("autoregressive")
-    for gamma in config.gammas:
-        for mode in config.modes:
-            records.append(run(mode, gamma))
-            progress(f"{mode} γ={gamma}")
-    return records
+    return bench.run_contenders(config, decode, refs, progress)
