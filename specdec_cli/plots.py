@@ -3,7 +3,9 @@
 synthetic:  {task}-{device}-time-vs-gamma.png     ms per verification step vs γ, one line per mode (p10–p90
                                                   band), one panel per (batch, vocab): the paper's figure 3
             {task}-{device}-speedup-vs-gamma.png  baseline ms / mode ms vs γ, same panels
-tasks:      {task}-{device}-acceptance-vs-gamma.png  acceptance rate vs γ per mode (the paper's table 8)
+tasks:      {task}-{device}-verify-vs-gamma.png      ms per verification call vs γ per mode (the paper's
+                                                     figure 3, inside a real decoding run)
+            {task}-{device}-acceptance-vs-gamma.png  acceptance rate vs γ per mode (the paper's table 8)
             {task}-{device}-speedup-vs-gamma.png     speedup over autoregressive vs γ: measured (solid) and
                                                      Leviathan's prediction (dashed)
 """
@@ -108,6 +110,33 @@ def plot_synthetic(results, out_dir: Path) -> list[Path]:
     return paths
 
 
+# Task plots: one marker per mode, so modes that measure the same (greedy decoding) stay visible on top
+# of each other.
+MARKERS = {"baseline": ("o", 8), "exact": ("s", 6), "sigmoid": ("^", 5)}
+
+
+def _task_caption(results) -> str:
+    """What a task plot was measured on: machine, models' dtype, decoding, inputs."""
+    opts = results.config.get("options", {})
+    t = opts.get("temperature") or 0
+    inputs = len(next((r.outputs for r in results.records if r.outputs), []))
+    return (f"{results.machine.get('device_name', results.machine.get('device'))} · {results.config.get('dtype')} · "
+            f"{'greedy' if not t else f'T = {t:g}'} · {inputs} input{'s' if inputs != 1 else ''}")
+
+
+def _task_axes(results, title: str):
+    fig, axes = _figure(1, 1)
+    fig.set_size_inches(6.4, 4.4)
+    fig.suptitle(f"{results.task}: {title}\n{_task_caption(results)}", fontsize=9)
+    return fig, axes[0][0]
+
+
+def _mode_line(ax, g, ys, mode, label, dashed=False):
+    marker, size = MARKERS.get(mode, ("o", 6))
+    ax.plot(g, ys, marker=marker, markersize=size, linestyle="--" if dashed else "-", color=COLORS.get(mode),
+            alpha=0.7 if dashed else 1.0, label=label)
+
+
 def plot_task(results, out_dir: Path) -> list[Path]:
     records = [r for r in results.records if r.mode != "autoregressive"]
     modes = list(dict.fromkeys(r.mode for r in records))
@@ -116,35 +145,53 @@ def plot_task(results, out_dir: Path) -> list[Path]:
     task = results.task
     paths = []
 
-    fig, axes = _figure(1, 1)
-    ax = axes[0][0]
+    fig, ax = _task_axes(results, "verification time per step (the paper's figure 3)")
+    values = []
+    for m in modes:
+        g, ms = _series(records, m, "verify_ms_per_call")
+        if g:
+            _mode_line(ax, g, ms, m, m)
+            values += ms
+    if values and max(values) > 3 * min(values):
+        _log_y(ax)
+    else:
+        ax.set_ylim(bottom=0)
+    _gamma_axis(ax, gammas)
+    ax.set_ylabel("ms per verification call (mean)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out_dir / f"{task}-{device}-verify-vs-gamma.png"))
+
+    fig, ax = _task_axes(results, "acceptance rate (the paper's table 8)")
     for m in modes:
         g, rate = _series(records, m, "acceptance_rate")
         if g:
-            ax.plot(g, rate, "o-", color=COLORS.get(m), label=m)
+            _mode_line(ax, g, rate, m, m)
     ax.set_ylim(0, 1.02)
     _gamma_axis(ax, gammas)
     ax.set_ylabel("acceptance rate (accepted / drafted)")
-    ax.set_title(f"{task}: acceptance rate", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     paths.append(_save(fig, out_dir / f"{task}-{device}-acceptance-vs-gamma.png"))
 
-    fig, axes = _figure(1, 1)
-    ax = axes[0][0]
+    from matplotlib.lines import Line2D
+
+    fig, ax = _task_axes(results, "speedup over autoregressive, measured and predicted")
     for m in modes:
         g, measured = _series(records, m, "speedup")
         if g:
-            ax.plot(g, measured, "o-", color=COLORS.get(m), label=f"{m} measured")
+            _mode_line(ax, g, measured, m, m)
         g, predicted = _series(records, m, "predicted_speedup")
         if g:
-            ax.plot(g, predicted, "s--", color=COLORS.get(m), alpha=0.7, label=f"{m} predicted (Leviathan)")
-    ax.axhline(1.0, color=COLORS["autoregressive"], linestyle=":", linewidth=1, label="autoregressive")
+            _mode_line(ax, g, predicted, m, None, dashed=True)
+    ax.axhline(1.0, color=COLORS["autoregressive"], linestyle=":", linewidth=1)
     _gamma_axis(ax, gammas)
-    ax.set_ylabel("speedup over autoregressive")
-    ax.set_title(f"{task}: speedup, measured vs predicted", fontsize=10)
+    ax.set_ylabel("tokens/s over autoregressive tokens/s")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    styles = [Line2D([], [], color="#333333", linestyle="-", label="measured"),
+              Line2D([], [], color="#333333", linestyle="--", alpha=0.7, label="predicted (Leviathan et al.)"),
+              Line2D([], [], color=COLORS["autoregressive"], linestyle=":", linewidth=1, label="autoregressive")]
+    ax.legend(handles=ax.get_legend_handles_labels()[0] + styles, fontsize=8)
     paths.append(_save(fig, out_dir / f"{task}-{device}-speedup-vs-gamma.png"))
     return paths
 
