@@ -1,5 +1,6 @@
-"""`specdec bench`: the synthetic benchmark through the CLI (fields, ratios, files), one-line errors, and the
-task framework (aggregation, Leviathan's prediction, outputs) on a fake task runner."""
+"""`specdec bench`: the synthetic benchmark through the CLI (fields, ratios, files), one-line errors, the
+task framework (aggregation, Leviathan's prediction, outputs) on a fake task runner, and the summarize and
+transcribe tasks end to end on tiny random models saved locally (arithmetic, ROUGE/WER wiring, files)."""
 
 import csv
 import json
@@ -146,8 +147,7 @@ def test_hf_only_at_batch_1():
         (["--overlap", "0"], "--overlap"),
         (["--threads", "0"], "--threads"),
         (["--device", "tpu"], "--device"),
-        (["--task", "summarize"], "not available yet"),
-        (["--task", "transcribe"], "not available yet"),
+        (["--data", "."], "--data is for --task summarize or transcribe"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args, message):
@@ -289,8 +289,8 @@ def test_fake_task_runner_through_the_cli(task, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "t.json").read_text())["results"] == out["results"]
     rows = list(csv.DictReader((tmp_path / "t.csv").open()))
     assert len(rows) == 5 and ("quality_rouge1" in rows[0] or "quality_wer" in rows[0])
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == [f"{task}-cpu-acceptance-vs-gamma.png",
-                                                               f"{task}-cpu-speedup-vs-gamma.png"]
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [f"{task}-cpu-{k}-vs-gamma.png"
+                                                               for k in ("acceptance", "speedup", "verify")]
 
     r = runner.invoke(app, ["bench", "--task", task, "--gamma", "1,3,5", "--modes", "exact", "--device", "cpu"])
     assert r.exit_code == 0, r.output
@@ -302,3 +302,251 @@ def test_score_quality():
     assert q == pytest.approx({"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0})
     assert bench.score_quality("transcribe", ["hello word"], ["Hello, world."]) == {"wer": 0.5}
     assert not math.isnan(bench.score_quality("transcribe", ["a b"], ["a b"])["wer"])
+
+
+def test_a_task_without_runner_is_not_available(monkeypatch):
+    monkeypatch.delitem(bench.TASK_RUNNERS, "summarize")
+    r = runner.invoke(app, ["bench", "--task", "summarize", "--device", "cpu"])
+    assert r.exit_code == 2 and _lines(r) == ["error: --task summarize is not available yet: use --task synthetic"]
+
+
+# ------------------------------------------------------------------------- the tasks on tiny models
+
+ARTICLES = {  # name -> (article, reference); words of the tiny word-level tokenizer (test_models.WORDS)
+    "a": (" ".join(f"w{(i * 37) % 900 + 2}" for i in range(50)), "w39 w76 w113 w150"),
+    "b": (" ".join(f"w{(i * 53) % 900 + 2}" for i in range(40)), "w55 w108 w2 w7 w9"),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from test_models import tiny_config, word_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    config = tiny_config("llama", layers=4)
+    config.initializer_range = 0.3  # clear argmax margins: greedy never flips on rounding
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def articles_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    (d / "articles").mkdir()
+    for name, (text, ref) in ARTICLES.items():
+        (d / "articles" / f"{name}.txt").write_text(text)
+        (d / "articles" / f"{name}.ref.txt").write_text(ref + "\n")
+    return d
+
+
+def task_args(task, model, data, *extra):
+    return ["bench", "--task", task, "--data", str(data), "--target", str(model), "--device", "cpu", "--dtype",
+            "float32", "--threads", "1", *map(str, extra)]
+
+
+@pytest.fixture(scope="module")
+def summarize_run(tiny_llama, articles_dir, tmp_path_factory):
+    """One greedy summarize bench over the tiny llama (self:2 draft) writing every output."""
+    d = tmp_path_factory.mktemp("summarize-bench")
+    saved = torch.get_num_threads()
+    try:
+        r = runner.invoke(app, task_args("summarize", tiny_llama, articles_dir, "--draft", "self:2", "--gamma", "1,3",
+                                         "--modes", "baseline,exact", "--max-new-tokens", "12", "--draft-vocab", "0",
+                                         "--json", "--out", d / "s.json", "--csv", d / "s.csv", "--plot", d))
+    finally:
+        torch.set_num_threads(saved)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout), d
+
+
+def test_summarize_json_carries_every_table_field(summarize_run):
+    out, d = summarize_run
+    assert json.loads((d / "s.json").read_text()) == out
+    results = out["results"]
+    assert [(x["mode"], x["gamma"]) for x in results] == [
+        ("autoregressive", 0), ("baseline", 1), ("exact", 1), ("baseline", 3), ("exact", 3)]
+    records = [bench.TaskRecord(**x) for x in results]  # every field round-trips
+    shown = bench.BenchResults("summarize", out["command"], out["config"], out["machine"], records).tables
+    for _title, cols in shown:
+        for key, _header in cols:
+            for x in results:
+                assert (key.split(".", 1)[1] in x["quality"]) if key.startswith("quality.") else key in x, key
+    assert {k for _, cols in shown for k, _ in cols} >= {"quality.rouge1", "quality.rouge2", "quality.rougeL"}
+    assert out["command"].startswith("specdec bench --task summarize --gamma 1,3 --modes baseline,exact --batch 1")
+    assert "--max-new-tokens 12" in out["command"] and "--draft self:2" in out["command"]
+    m = out["machine"]
+    assert m["device"] == "cpu" and m["device_name"] and m["versions"]["torch"] == torch.__version__
+    assert out["argv"] and out["config"]["options"]["data"]
+
+
+def test_summarize_arithmetic(summarize_run):
+    """Speedups, α, c and the prediction recomputed here from the record's own measurements."""
+    results = summarize_run[0]["results"]
+    ar = results[0]
+    assert ar["speedup"] == 1.0 and ar["acceptance_rate"] is None and ar["target_ms_per_forward"] > 0
+    for x in results:
+        assert x["tokens_per_s"] == pytest.approx(x["new_tokens"] / x["wall_s"])
+        assert 0 < x["new_tokens"] <= 12 * len(ARTICLES)
+        assert x["peak_memory_mib"] is None or x["peak_memory_mib"] > 0
+    for x in results[1:]:
+        g = x["gamma"]
+        assert x["speedup"] == pytest.approx(x["tokens_per_s"] / ar["tokens_per_s"])
+        assert 0 <= x["acceptance_rate"] <= 1 and x["verify_ms_per_call"] > 0 and x["backend"] == "torch"
+        c = x["draft_ms_per_forward"] / ar["target_ms_per_forward"]
+        assert x["cost_ratio"] == pytest.approx(c)
+        if 0 < x["mean_accepted_per_call"] < g:
+            alpha = _alpha_from_mean_accepted(x["mean_accepted_per_call"], g)
+            assert x["alpha"] == pytest.approx(alpha, abs=1e-9)
+            assert x["predicted_speedup"] == pytest.approx((1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)))
+            assert x["best_gamma"] == max(range(1, 33), key=lambda k: (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1)))
+        # greedy: every mode prints exactly the autoregressive summaries
+        assert x["outputs"] == ar["outputs"] and x["same_as_autoregressive"] == 1.0
+
+
+def test_summarize_rouge_wiring(summarize_run):
+    """quality = the mean over articles of rouge-score's F1 (stemmed) of each output against its .ref.txt."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    refs = [ref for _name, (_text, ref) in sorted(ARTICLES.items())]
+    for x in summarize_run[0]["results"]:
+        assert len(x["outputs"]) == len(refs) and any(x["outputs"])
+        scores = [scorer.score(ref, out) for ref, out in zip(refs, x["outputs"])]
+        for k in ("rouge1", "rouge2", "rougeL"):
+            assert x["quality"][k] == pytest.approx(np.mean([s[k].fmeasure for s in scores]))
+
+
+def test_summarize_csv_and_plots(summarize_run):
+    out, d = summarize_run
+    rows = list(csv.DictReader((d / "s.csv").open()))
+    assert len(rows) == len(out["results"]) == 5
+    assert "outputs" not in rows[0] and "quality_rouge1" in rows[0]
+    assert float(rows[2]["speedup"]) == pytest.approx(out["results"][2]["speedup"])
+    pngs = sorted(p.name for p in d.glob("*.png"))
+    assert pngs == [f"summarize-cpu-{k}-vs-gamma.png" for k in ("acceptance", "speedup", "verify")]
+    for name in pngs:
+        assert (d / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summarize_table_limit_and_greedy_warning(tiny_llama, articles_dir):
+    r = runner.invoke(app, task_args("summarize", tiny_llama, articles_dir, "--draft", "self:2", "--gamma", "2",
+                                     "--modes", "exact,sigmoid", "--max-new-tokens", "4", "--limit", "1"))
+    assert r.exit_code == 0, r.output
+    assert "predicted" in r.stderr and "rouge1" in r.stderr and "argmax" in r.stderr and r.stdout == ""
+
+
+def test_transcribe_wer_wiring(tmp_path):
+    """The transcribe runner through the CLI on a tiny random Whisper: WER = jiwer's word errors over the
+    normalised texts, summed over the clips, per reference word. The references are the autoregressive
+    transcripts of a first run plus two words, so the WER is neither 0 nor 1."""
+    import jiwer
+    import soundfile as sf
+
+    from specdec_cli.metrics import normalize_text
+    from test_transcribe import save_tiny_whisper
+
+    model = save_tiny_whisper(tmp_path / "whisper")
+    data = tmp_path / "clips"
+    data.mkdir()
+    t = np.arange(2 * 16000) / 16000
+    names = ["one", "two"]
+    for k, name in enumerate(names):
+        sf.write(data / f"{name}.wav", (0.3 * np.sin(2 * np.pi * (200 + 150 * k + 300 * t) * t)).astype(np.float32), 16000)
+        (data / f"{name}.ref.txt").write_text("placeholder")
+    args = task_args("transcribe", model, data, "--gamma", "2", "--modes", "exact", "--max-new-tokens", "6",
+                     "--draft-vocab", "150", "--json")
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    for name, text in zip(names, json.loads(first.stdout)["results"][0]["outputs"]):
+        (data / f"{name}.ref.txt").write_text(f"{text} the cat")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    results = json.loads(r.stdout)["results"]
+    assert [x["mode"] for x in results] == ["autoregressive", "exact"]
+    truth = [normalize_text((data / f"{n}.ref.txt").read_text()) for n in names]
+    for x in results:
+        hyps = [normalize_text(o) for o in x["outputs"]]
+        errors = sum(jiwer.process_words(ref, hyp).wer * len(ref.split()) if hyp else len(ref.split())
+                     for ref, hyp in zip(truth, hyps))
+        expected = errors / sum(len(ref.split()) for ref in truth)
+        assert 0 < expected < 1 and x["quality"]["wer"] == pytest.approx(expected)
+    assert results[1]["outputs"] == results[0]["outputs"] and results[1]["same_as_autoregressive"] == 1.0
+
+
+@pytest.fixture
+def empty_dirs(tmp_path):
+    (tmp_path / "empty").mkdir()
+    refs_only = tmp_path / "refs-only"
+    refs_only.mkdir()
+    (refs_only / "a.ref.txt").write_text("a reference, but no article")
+    (refs_only / "notes.md").write_text("not an input")
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "a.txt").write_text("   \n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gamma", "0"], "--gamma"),
+        (["--gamma", ","], "--gamma is empty"),
+        (["--modes", ""], "--modes"),
+        (["--modes", "hf"], "--modes is empty"),
+        (["--modes", "exact,turbo"], "--modes"),
+        (["--batch", "0"], "--batch"),
+        (["--limit", "0"], "--limit"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--draft-vocab", "-1"], "--draft-vocab"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--dtype", "int8"], "--dtype"),
+        (["--repeat", "0"], "--repeat"),
+        (["--data", "{tmp}/nope"], "no such directory"),
+        (["--data", "{tmp}/empty"], "no usable files for --task summarize"),
+        (["--data", "{tmp}/refs-only"], "no usable files for --task summarize"),
+        (["--data", "{tmp}/blank"], "is empty"),
+        (["--task", "transcribe", "--data", "{tmp}/refs-only"], "no usable files for --task transcribe"),
+    ],
+)
+def test_task_bad_options_exit_2_with_one_line(args, message, empty_dirs, articles_dir):
+    args = [a.replace("{tmp}", str(empty_dirs)) for a in args]
+    base = ["bench", "--task", "summarize", "--data", str(articles_dir), "--target", "/no/model/needed", "--device", "cpu"]
+    r = runner.invoke(app, [*base, *args])
+    assert r.exit_code == 2, r.output
+    lines = _lines(r)
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.output, r.output
+
+
+def test_task_inputs(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    for name in ("c", "a", "b"):
+        (d / f"{name}.txt").write_text(f"article {name}")
+        if name != "c":
+            (d / f"{name}.ref.txt").write_text(f" ref\n {name} ")
+
+    def inputs(**options):
+        return bench.task_inputs(bench.TaskConfig("summarize", [1], ["exact"], options=options))
+
+    paths, refs = inputs(data=d)
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["a.txt", "b.txt", "c.txt"] and refs is None  # c has none
+    paths, refs = inputs(data=d, limit=2)
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["a.txt", "b.txt"] and refs == ["ref a", "ref b"]
+    assert inputs(inputs=["x.txt"], references=["r"]) == (["x.txt"], ["r"])
+    default, refs = inputs()  # examples/articles, every one with its reference
+    assert default and refs and all("/examples/articles/" in p for p in default)
+
+
+def test_peak_memory_on_cpu():
+    with bench.PeakMemory("cpu") as before:
+        pass
+    with bench.PeakMemory("cpu") as peak:
+        x = torch.ones(32 * 2**20 // 4)  # 32 MiB, touched
+        del x
+    if peak.mib is None:
+        pytest.skip("the peak resident set cannot be reset here (not Linux)")
+    assert peak.mib >= before.mib + 30
