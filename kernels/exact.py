@@ -21,6 +21,8 @@ The sigmoid approximation (kernels/sigmoid.py) reuses stages 2 and 3 with SIGMOI
 elementwise, so stage 1 is not needed at all.
 """
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -30,7 +32,7 @@ from specdec_cli.errors import NonFiniteLogitsError
 from . import triton_backend_name
 
 # ----------------------------------------------------------------------------------------------------
-# torch path (the CPU backend): same decisions as the reference, vectorised over the batch
+# torch path (the CPU backend): same decisions as the reference
 
 
 def _first_rejection(accepted):
@@ -46,23 +48,25 @@ def draw_from_weights(weights, u):
     reaches u · Σ weights. Zero-weight tokens are never drawn (the running sum does not move there).
     Two levels, as in the kernel: the block where the running sum crosses, then the token inside it."""
     B, V = weights.shape
-    nb = -(-V // DRAW_BLOCK)
-    blocks = torch.nn.functional.pad(weights, (0, nb * DRAW_BLOCK - V)).view(B, nb, DRAW_BLOCK)  # [B, nb, BLOCK]
-    block_sums = blocks.sum(dim=-1, dtype=torch.float64)  # [B, nb]
+    full = V - V % DRAW_BLOCK
+    block_sums = weights[:, :full].view(B, -1, DRAW_BLOCK).sum(dim=-1, dtype=torch.float64)  # [B, V // BLOCK]
+    if full < V:  # the last, partial block
+        tail = weights[:, full:].sum(dim=-1, keepdim=True, dtype=torch.float64)  # [B, 1]
+        block_sums = torch.cat([block_sums, tail], dim=1)  # [B, nb]
     running = block_sums.cumsum(dim=-1)  # [B, nb]
     threshold = u.double()[:, None] * running[:, -1:]  # [B, 1]
-    k = torch.searchsorted(running, threshold, side="left").clamp_(max=nb - 1)  # [B, 1] the block
-    w = blocks[torch.arange(B, device=weights.device), k[:, 0]]  # [B, BLOCK]
-    inside = (running.gather(-1, k) - block_sums.gather(-1, k)) + w.double().cumsum(dim=-1)  # [B, BLOCK]
-    j = torch.searchsorted(inside, threshold, side="left").clamp_(max=DRAW_BLOCK - 1)  # [B, 1]
-    # rounding can leave j on a zero weight at a block edge: take the last positive weight before it,
-    # else the first positive one in the block
-    positive = w > 0
-    idx = torch.arange(DRAW_BLOCK, device=weights.device)
-    last_before = torch.where(positive & (idx <= j), idx, -1).amax(dim=-1, keepdim=True)
-    first = positive.to(torch.int8).argmax(dim=-1, keepdim=True)
-    j = torch.where(positive.gather(-1, j), j, torch.where(last_before >= 0, last_before, first))
-    return (k * DRAW_BLOCK + j)[:, 0]
+    blocks = torch.searchsorted(running, threshold, side="left")[:, 0].tolist()  # [B] where it crosses
+    tokens = []
+    for b, k in enumerate(blocks):
+        w = weights[b, k * DRAW_BLOCK : (k + 1) * DRAW_BLOCK]  # [≤ BLOCK]
+        inside = w.double().cumsum(dim=0).add_(float(running[b, k] - block_sums[b, k]))  # [≤ BLOCK]
+        j = min(int(torch.searchsorted(inside, threshold[b])), len(w) - 1)
+        if not w[j] > 0:  # rounding left j on a zero weight: the last positive one before it, else the first
+            positive = (w > 0).nonzero()[:, 0]
+            before = positive[positive <= j]
+            j = int(before[-1] if len(before) else positive[0])
+        tokens.append(k * DRAW_BLOCK + j)
+    return torch.tensor(tokens, dtype=torch.int64, device=weights.device)
 
 
 def assemble(draft_tokens, n, token):
@@ -75,50 +79,47 @@ def assemble(draft_tokens, n, token):
     return out
 
 
-def check_finite(lse):
-    """lse [B, R]: NaN if a row had NaN, +inf if it had +inf, −inf if every token was masked."""
-    if not torch.isfinite(lse).all():
-        bad = lse[~torch.isfinite(lse)]
-        if torch.isnan(bad).any() or (bad == float("inf")).any():
-            raise NonFiniteLogitsError("target logits contain NaN or +inf")
+def row_lse(row, inv_t: float) -> float:
+    """row [V] -> log Σ exp(z/T), a Python float. The row's max comes first, so NaN, +inf or a fully
+    masked row is reported before anything is summed. Four passes over V: max, subtract, exp, sum."""
+    top = float(row.amax())
+    if math.isnan(top) or top == math.inf:
+        raise NonFiniteLogitsError("target logits contain NaN or +inf")
+    if top == -math.inf:
         raise NonFiniteLogitsError("target logits are all -inf in a row: every token is masked")
+    x = row.float() - top  # [V] fp32, <= 0
+    if inv_t != 1.0:
+        x.mul_(inv_t)
+    return top * inv_t + math.log(float(x.exp_().sum()))
 
 
 def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
-    """The CPU path. Unlike the kernel it walks the rows in order and stops at each sequence's first
-    rejection: on a CPU, branching on a value costs nothing, and the log-sum-exp of a row (a pass over
-    V) is nearly all of the work, so rows after every sequence's first rejection are never read.
-    A NaN in such a row cannot change the output and is not reported."""
+    """The CPU path: sequence by sequence, row by row, stopping at the first rejection. On a CPU a
+    branch costs nothing and a row's log-sum-exp is nearly all of the work, so no row after a
+    sequence's first rejection is read, and the rule's scalars are Python floats (as in the
+    reference). A NaN in a row that is never read cannot change the output and is not reported."""
     B, gamma = draft_tokens.shape
-    batch = torch.arange(B, device=draft_tokens.device)  # [B]
+    V = target_logits.shape[-1]
     inv_t = 1.0 / temperature
-    z_x = target_logits[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0].float() * inv_t  # [B, γ]
-    q_x = draft_probs.gather(-1, draft_tokens[..., None])[..., 0].float()  # [B, γ]
-    n = torch.full((B,), gamma, dtype=torch.int64, device=draft_tokens.device)  # first rejection, γ if none
-    lse = torch.zeros(B, dtype=torch.float32, device=draft_tokens.device)  # of row n
-    undecided = batch  # sequences whose first rejection is not found yet
-    for c in range(gamma + 1):
-        z_c = target_logits[:, c] if len(undecided) == B else target_logits[undecided, c]  # [b, V]
-        lse_c = torch.logsumexp(z_c.float() * inv_t if inv_t != 1.0 else z_c.float(), dim=-1)  # [b]
-        check_finite(lse_c)
-        lse[undecided] = lse_c
-        if c == gamma:
-            break
-        # acceptance from gathered scalars: accept x iff q(x) > 0 and u·q(x) <= p(x) = exp(z(x)/T − lse)
-        q_c = q_x[undecided, c]
-        accepted = (q_c > 0) & (uniforms[undecided, c] * q_c <= torch.exp(z_x[undecided, c] - lse_c))
-        n[undecided[~accepted]] = c
-        undecided = undecided[accepted]
-        if len(undecided) == 0:
-            break
-
-    # the one row each sequence draws from: residual max(0, p − q) at n < γ, p itself at n == γ
-    z_n = target_logits[batch, n].float()  # [B, V]
-    p_n = torch.exp((z_n * inv_t if inv_t != 1.0 else z_n) - lse[:, None])  # [B, V]
-    q_n = draft_probs[batch, n.clamp(max=gamma - 1)].float()  # [B, V]
-    q_n = torch.where((n < gamma)[:, None], q_n, 0.0)
-    weights = (p_n - q_n).clamp_(min=0.0)  # [B, V]
-    weights = torch.where(weights.sum(dim=-1, keepdim=True) > 0, weights, p_n)  # p == q: fall back to p
+    x = draft_tokens[..., None]  # [B, γ, 1]
+    z_x = target_logits[:, :gamma].gather(-1, x)[..., 0].double().mul(inv_t).tolist()  # [B][γ] z(x)/T
+    q_x = draft_probs.gather(-1, x)[..., 0].double().tolist()  # [B][γ] q(x)
+    u = uniforms.double().tolist()  # [B][γ+1]
+    n = []  # [B] first rejection, γ if none
+    weights = torch.empty(B, V, dtype=torch.float32, device=target_logits.device)  # the draw's, row n
+    for b in range(B):
+        for c in range(gamma + 1):
+            lse = row_lse(target_logits[b, c], inv_t)
+            # accept x iff q(x) > 0 and u·q(x) <= p(x) = exp(z(x)/T − lse)
+            if c == gamma or not (q_x[b][c] > 0 and u[b][c] * q_x[b][c] <= math.exp(z_x[b][c] - lse)):
+                break
+        n.append(c)
+        # row c's weights: the residual max(0, p − q) after a rejection, p itself for the bonus token
+        p = target_logits[b, c].float()
+        p = (p * inv_t if inv_t != 1.0 else p).sub(lse).exp_()  # [V]
+        if c == gamma or float(torch.sub(p, draft_probs[b, c], out=weights[b]).clamp_(min=0.0).sum()) == 0:
+            weights[b] = p  # the bonus row, or p == q (all-zero residual): draw from p
+    n = torch.tensor(n, dtype=torch.int64, device=draft_tokens.device)
     return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
 
 
