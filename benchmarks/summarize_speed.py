@@ -6,6 +6,8 @@ article by article so that machine noise hits them alike:
     baseline         specdec, transformers-style verification
     exact            specdec, the exact kernel (torch twin on a CPU)
     exact+subset     the same, with the draft's output layer cut to --draft-vocab tokens + the prompt's
+    exact+subset+int8   the same, with the draft's weights in int8 (specdec_cli/int8.py): the CLI default
+    hf-assisted+int8    transformers' assisted generation with that same int8 draft (full head)
 
 Greedy (the issue's setting), so every contender must print the same tokens: checked, and reported.
 
@@ -25,6 +27,7 @@ import torch
 from specdec_cli import summarize as task
 from specdec_cli.decoding import generate
 from specdec_cli.draft_head import frequent_ids, restrict_head
+from specdec_cli.int8 import quantize_draft
 from specdec_cli.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -45,7 +48,7 @@ def main():
     ap.add_argument("--draft-vocab", type=int, default=32768)
     ap.add_argument("--max-new-tokens", type=int, default=100)
     ap.add_argument("--articles", type=int, default=0, help="how many example articles (0 = all)")
-    ap.add_argument("--contenders", default="autoregressive,hf-assisted,baseline,exact,exact+subset")
+    ap.add_argument("--contenders", default="autoregressive,hf-assisted,hf-assisted+int8,baseline,exact,exact+subset,exact+subset+int8")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -60,29 +63,35 @@ def main():
     tok = target.tokenizer
     eos = task.eos_ids(tok, target.model)
     contenders = args.contenders.split(",")
-    full_head = draft.model.get_output_embeddings()
+    draft8 = None
+    if any(c.endswith("int8") for c in contenders):  # a second copy of the draft, with int8 weights
+        _, draft8 = task.load_pair(args.target, args.draft, mode="exact", dtype="auto", device="cpu")
+        quantize_draft(draft8)
 
     def run(name, ids, mask):
-        if name == "hf-assisted":
+        d = draft8 if name.endswith("int8") else draft
+        full_head = d.model.get_output_embeddings()
+        if name.startswith("hf-assisted"):
             out = target.model.generate(
-                input_ids=ids, attention_mask=mask, assistant_model=draft.model, do_sample=False,
+                input_ids=ids, attention_mask=mask, assistant_model=d.model, do_sample=False,
                 max_new_tokens=args.max_new_tokens, eos_token_id=list(eos), pad_token_id=tok.pad_token_id,
             )
             new = out[0, ids.shape[1] :].tolist()
             return new, {}
         mode = "exact" if name.startswith("exact") else name
-        if name == "exact+subset":
-            restrict_head(draft.model, torch.cat([frequent_ids(args.draft_vocab, full_head.weight.shape[0]), ids[0]]))
-        else:
-            draft.model.set_output_embeddings(full_head)
+        if "subset" in name:
+            restrict_head(d.model, torch.cat([frequent_ids(args.draft_vocab, full_head.weight.shape[0]), ids[0]]))
+            if d is draft8:
+                quantize_draft(d)
         got = generate(
-            target.model, None if mode == "autoregressive" else draft.model, ids, mask, mode=mode, gamma=args.gamma,
+            target.model, None if mode == "autoregressive" else d.model, ids, mask, mode=mode, gamma=args.gamma,
             params=GREEDY, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
         )
-        draft.model.set_output_embeddings(full_head)
+        d.model.set_output_embeddings(full_head)
         return got.tokens[0], got.stats.to_dict()
 
-    totals = {c: {"tokens": 0, "seconds": 0.0, "accepted": 0, "drafted": 0, "verify_s": 0.0, "verify_calls": 0} for c in contenders}
+    totals = {c: {"tokens": 0, "seconds": 0.0, "prefill_s": 0.0, "accepted": 0, "drafted": 0, "verify_s": 0.0,
+                  "verify_calls": 0} for c in contenders}
     per_article, mismatches = [], []
     with torch.inference_mode():
         for art in articles:
@@ -96,6 +105,7 @@ def main():
                 t = totals[name]
                 t["tokens"] += len(new)
                 t["seconds"] += seconds
+                t["prefill_s"] += stats.get("prefill_s", 0.0) or 0.0
                 t["accepted"] += stats.get("accepted_tokens", 0) or 0
                 t["drafted"] += stats.get("draft_tokens", 0) or 0
                 t["verify_s"] += stats.get("verify_s", 0.0) or 0.0
@@ -115,11 +125,16 @@ def main():
         row = {
             "contender": name, "tokens": t["tokens"], "seconds": round(t["seconds"], 2), "tokens_per_s": round(tps, 3),
             "ms_per_token": round(1e3 / tps, 1),
+            # after the prompt's prefill (both models'); hf-assisted does not report its prefill
+            "decode_tokens_per_s": round(t["tokens"] / (t["seconds"] - t["prefill_s"]), 3) if t["prefill_s"] else None,
             "acceptance_rate": round(t["accepted"] / t["drafted"], 3) if t["drafted"] else None,
             "verify_ms_per_call": round(1e3 * t["verify_s"] / t["verify_calls"], 3) if t["verify_calls"] else None,
         }
         if base:
             row["speedup_vs_autoregressive"] = round(tps / (base["tokens"] / base["seconds"]), 3)
+            if row["decode_tokens_per_s"] and base["prefill_s"]:
+                base_decode = base["tokens"] / (base["seconds"] - base["prefill_s"])
+                row["decode_speedup_vs_autoregressive"] = round(row["decode_tokens_per_s"] / base_decode, 3)
         if "hf-assisted" in totals:
             hf = totals["hf-assisted"]
             row["speedup_vs_hf_assisted"] = round(tps / (hf["tokens"] / hf["seconds"]), 3)

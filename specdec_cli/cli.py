@@ -265,6 +265,7 @@ def summarize(
     backend: Backend = "auto",
     truncate: Annotated[bool, typer.Option(help="Cut articles too long for the model's context instead of refusing them.")] = False,
     draft_vocab: Annotated[int, typer.Option(help="Score only this many of the most frequent tokens (+ the prompt's) in the draft's output layer: a cheaper draft, the same output. 0 = the full vocabulary.")] = 32768,
+    draft_int8: Annotated[bool, typer.Option(help="Give the draft int8 weights (CPU only): a cheaper draft, the same output.")] = True,
     as_json: Json = False,
 ):
     """Summarize articles with a causal-LM target and a smaller draft (default: the embedded
@@ -291,7 +292,7 @@ def summarize(
         results = task.summarize(
             tgt, drf, inputs, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params,
             max_new_tokens=max_new_tokens, batch_size=batch_size, truncate=truncate, alpha=alpha, beta=beta,
-            backend=backend, draft_vocab=draft_vocab, on_batch=advance,
+            backend=backend, draft_vocab=draft_vocab, draft_int8=draft_int8, on_batch=advance,
         )
     emit_results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {mode}")
 

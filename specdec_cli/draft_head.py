@@ -23,18 +23,23 @@ class SubsetHead(nn.Module):
 
     h [..., d] → logits [..., V], V = the full head's size, so everything downstream is unchanged.
     `weight` / `bias` stay the full head's (shared, not copied), so the model's vocabulary size still
-    reads right; the rows it scores are copied once into `sub_weight` [N, d].
+    reads right; the rows it scores are copied once into `proj`, an nn.Linear d → N (which int8.py
+    can quantize like any other layer).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, keep: torch.Tensor):
         super().__init__()
         self.weight, self.bias = weight, bias  # [V, d], [V]: the full head's
         self.register_buffer("keep", torch.unique(keep.to(torch.int64)).to(weight.device), persistent=False)  # [N]
-        self.register_buffer("sub_weight", weight.detach()[self.keep].clone(), persistent=False)  # [N, d]
-        self.register_buffer("sub_bias", None if bias is None else bias.detach()[self.keep].clone(), persistent=False)
+        self.proj = nn.utils.skip_init(nn.Linear, weight.shape[1], len(self.keep), bias=bias is not None,
+                                       device=weight.device, dtype=weight.dtype)
+        self.proj.requires_grad_(False)
+        self.proj.weight.copy_(weight.detach()[self.keep])  # [N, d]
+        if bias is not None:
+            self.proj.bias.copy_(bias.detach()[self.keep])  # [N]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        z = nn.functional.linear(h, self.sub_weight, self.sub_bias)  # [..., N]
+        z = self.proj(h)  # [..., N]
         out = z.new_full((*z.shape[:-1], self.weight.shape[0]), float("-inf"))  # [..., V]
         return out.index_copy_(-1, self.keep, z)
 

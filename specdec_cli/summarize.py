@@ -15,6 +15,7 @@ import torch
 from specdec_cli.decoding import GenerationStats, generate
 from specdec_cli.draft_head import frequent_ids, restrict_head
 from specdec_cli.errors import SpecdecError
+from specdec_cli.int8 import quantize_draft
 from specdec_cli.sampling import SamplingParams
 
 INSTRUCTION = "Summarize the following news article in two or three sentences. Reply with the summary only."
@@ -130,11 +131,13 @@ def summarize(
     beta: float = 1e4,
     backend: str = "auto",
     draft_vocab: int = 0,
+    draft_int8: bool = False,
     on_batch=None,
 ) -> list[Summary]:
     """Summaries of `articles` in input order. target/draft: models.LoadedModel (draft None for
     autoregressive). draft_vocab > 0 cuts the draft's output layer to the draft_vocab most frequent
-    tokens plus the batch's prompt tokens (draft_head.py). on_batch(done, total) is called after each
+    tokens plus the batch's prompt tokens (draft_head.py); draft_int8 gives the draft int8 weights on a
+    CPU (int8.py). Both make the draft cheaper and leave the output exactly the target's. on_batch(done, total) is called after each
     batch (progress)."""
     if batch_size < 1:
         raise SpecdecError(f"--batch-size must be at least 1 (got {batch_size})")
@@ -156,6 +159,8 @@ def summarize(
         if draft is not None and draft_vocab > 0:
             keep = torch.cat([frequent_ids(draft_vocab, draft.output_size), input_ids.flatten(), torch.tensor(sorted(eos))])
             restrict_head(draft.model, keep)
+        if draft is not None and draft_int8:
+            quantize_draft(draft)
         result = generate(
             model, None if draft is None else draft.model, input_ids.to(target.device), attention_mask.to(target.device),
             mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params, max_new_tokens=max_new_tokens,
@@ -194,7 +199,7 @@ def bench_runner(config, progress) -> list:
     loops' time (prefill included; tokenizing left out); articles too long for the context are cut as
     with `summarize --truncate`.
 
-    options: target ("embedded"), draft ("embedded"), draft_vocab (DEFAULT_DRAFT_VOCAB; 0 = full),
+    options: target ("embedded"), draft ("embedded"), draft_vocab (DEFAULT_DRAFT_VOCAB; 0 = full), draft_int8 (True),
     max_new_tokens (100), temperature (0: greedy), data / inputs / references / limit (task_inputs).
     config.dtype is the models' dtype; config.batch the articles decoded together."""
     from specdec_cli import bench
@@ -215,7 +220,7 @@ def bench_runner(config, progress) -> list:
             target, None if mode == "autoregressive" else draft, articles[:1] if short else articles, mode=mode,
             gamma=max(gamma, 1), params=params, max_new_tokens=min(max_new, bench.WARMUP_TOKENS) if short else max_new,
             batch_size=config.batch, truncate=True, alpha=config.alpha, beta=config.beta, backend=config.backend,
-            draft_vocab=draft_vocab,
+            draft_vocab=draft_vocab, draft_int8=bool(opts.get("draft_int8", True)),
         )
         batches = {id(s.stats): s.stats for s in out}.values()  # the articles of a batch share its stats
         stats = merge_stats(batches, GenerationStats(mode, gamma, "constant", config.batch)).finish()
