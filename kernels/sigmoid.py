@@ -12,6 +12,8 @@ Nothing needs a pass over every row: acceptance reads gathered scalars, the draw
 The Triton kernel is stages 2 and 3 of kernels/exact.py with SIGMOID=True; below is its torch twin.
 """
 
+import math
+
 import torch
 
 from specdec_cli.errors import NonFiniteLogitsError
@@ -20,33 +22,41 @@ from .exact import _first_rejection, assemble, draw_from_weights, launch
 
 
 def sigmoid_probs(logits, temperature: float, alpha: float, beta: float):
-    """p̂ = σ((z/T − α)/(β − α)), elementwise, in fp32."""
-    return torch.sigmoid((logits.float() / temperature - alpha) / (beta - alpha))
+    """p̂ = σ((z·(1/T) − α)/(β − α)), elementwise, in fp32 (the kernel's own order of operations)."""
+    x = logits.float()
+    x = (x * (1.0 / temperature) if temperature != 1.0 else x) - alpha  # a new tensor: the input is kept
+    return x.div_(beta - alpha).sigmoid_()
 
 
-def _check(*logits):
-    for z in logits:
-        if torch.isnan(z).any() or (z == float("inf")).any():
-            raise NonFiniteLogitsError("logits contain NaN or +inf")
+def _check(logits):
+    """Raise on NaN or +inf; a max over the values shows both (max propagates NaN)."""
+    top = float(logits.amax()) if logits.numel() else 0.0
+    if math.isnan(top) or top == math.inf:
+        raise NonFiniteLogitsError("logits contain NaN or +inf")
 
 
 def verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4):
     B, gamma = draft_tokens.shape
-    batch = torch.arange(B, device=draft_tokens.device)  # [B]
     zp_x = target_logits[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
     zq_x = draft_logits.gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
-    _check(zp_x, zq_x)
+    _check(zp_x)
+    _check(zq_x)
     p_x = sigmoid_probs(zp_x, temperature, alpha, beta)  # [B, γ]
     q_x = sigmoid_probs(zq_x, temperature, alpha, beta)  # [B, γ]
     n = _first_rejection((q_x > 0) & (uniforms[:, :gamma] * q_x <= p_x))  # [B]
 
-    zp_n = target_logits[batch, n]  # [B, V]
-    _check(zp_n)
-    p_n = sigmoid_probs(zp_n, temperature, alpha, beta)  # [B, V]
-    q_n = sigmoid_probs(draft_logits[batch, n.clamp(max=gamma - 1)], temperature, alpha, beta)  # [B, V]
-    q_n = torch.where((n < gamma)[:, None], q_n, 0.0)
-    weights = (p_n - q_n).clamp_(min=0.0)
-    weights = torch.where(weights.sum(dim=-1, keepdim=True) > 0, weights, p_n)
+    # the one row each sequence draws from: max(0, p̂ − q̂) after a rejection, p̂ for the bonus token
+    weights = torch.empty(B, target_logits.shape[-1], dtype=torch.float32, device=target_logits.device)  # [B, V]
+    for b, c in enumerate(n.tolist()):
+        _check(target_logits[b, c])
+        p = sigmoid_probs(target_logits[b, c], temperature, alpha, beta)  # [V]
+        if c == gamma:
+            weights[b] = p
+            continue
+        _check(draft_logits[b, c])
+        q = sigmoid_probs(draft_logits[b, c], temperature, alpha, beta)  # [V]
+        if float(torch.sub(p, q, out=weights[b]).clamp_(min=0.0).sum()) == 0:
+            weights[b] = p  # p̂ == q̂: draw from p̂
     return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
 
 
