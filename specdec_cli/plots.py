@@ -39,9 +39,14 @@ def _log_y(ax) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _gamma_axis(ax, gammas) -> None:
+def _gamma_axis(ax, gammas, ylabel: str, legend: bool = True) -> None:
+    """γ on x, `ylabel` on y, a grid, and the legend of what was plotted."""
     ax.set_xticks(sorted(gammas))
     ax.set_xlabel("γ (draft tokens)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
 
 
 def _save(fig, path: Path) -> Path:
@@ -80,10 +85,7 @@ def plot_synthetic(results, out_dir: Path) -> list[Path]:
                 ax.fill_between(g, lo, hi, color=COLORS.get(m), alpha=0.12, linewidth=0)
             _log_y(ax)
             ax.set_title(f"V = {v:,}  B = {b}", fontsize=10)
-            _gamma_axis(ax, gammas)
-            ax.set_ylabel("ms per step (median, p10–p90)")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            _gamma_axis(ax, gammas, "ms per step (median, p10–p90)")
     fig.suptitle(f"verification time per step — {title}", fontsize=10)
     paths.append(_save(fig, out_dir / f"synthetic-{device}-time-vs-gamma.png"))
 
@@ -101,10 +103,7 @@ def plot_synthetic(results, out_dir: Path) -> list[Path]:
             ax.axhline(1.0, color=COLORS["baseline"], linestyle=":", linewidth=1, label="baseline")
             _log_y(ax)
             ax.set_title(f"V = {v:,}  B = {b}", fontsize=10)
-            _gamma_axis(ax, gammas)
-            ax.set_ylabel("baseline ms / mode ms")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+            _gamma_axis(ax, gammas, "baseline ms / mode ms")
     fig.suptitle(f"speedup over baseline (same run, side by side) — {title}", fontsize=10)
     paths.append(_save(fig, out_dir / f"synthetic-{device}-speedup-vs-gamma.png"))
     return paths
@@ -156,10 +155,7 @@ def plot_task(results, out_dir: Path) -> list[Path]:
         _log_y(ax)
     else:
         ax.set_ylim(bottom=0)
-    _gamma_axis(ax, gammas)
-    ax.set_ylabel("ms per verification call (mean)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _gamma_axis(ax, gammas, "ms per verification call (mean)")
     paths.append(_save(fig, out_dir / f"{task}-{device}-verify-vs-gamma.png"))
 
     fig, ax = _task_axes(results, "acceptance rate (the paper's table 8)")
@@ -168,10 +164,7 @@ def plot_task(results, out_dir: Path) -> list[Path]:
         if g:
             _mode_line(ax, g, rate, m, m)
     ax.set_ylim(0, 1.02)
-    _gamma_axis(ax, gammas)
-    ax.set_ylabel("acceptance rate (accepted / drafted)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    _gamma_axis(ax, gammas, "acceptance rate (accepted / drafted)")
     paths.append(_save(fig, out_dir / f"{task}-{device}-acceptance-vs-gamma.png"))
 
     from matplotlib.lines import Line2D
@@ -185,9 +178,7 @@ def plot_task(results, out_dir: Path) -> list[Path]:
         if g:
             _mode_line(ax, g, predicted, m, None, dashed=True)
     ax.axhline(1.0, color=COLORS["autoregressive"], linestyle=":", linewidth=1)
-    _gamma_axis(ax, gammas)
-    ax.set_ylabel("tokens/s over autoregressive tokens/s")
-    ax.grid(True, alpha=0.3)
+    _gamma_axis(ax, gammas, "tokens/s over autoregressive tokens/s", legend=False)
     styles = [Line2D([], [], color="#333333", linestyle="-", label="measured"),
               Line2D([], [], color="#333333", linestyle="--", alpha=0.7, label="predicted (Leviathan et al.)"),
               Line2D([], [], color=COLORS["autoregressive"], linestyle=":", linewidth=1, label="autoregressive")]

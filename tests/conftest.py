@@ -36,3 +36,20 @@ def smollm2(session_model_cache):
             del os.environ["SPECDEC_CACHE"]
         else:
             os.environ["SPECDEC_CACHE"] = saved
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A randomly initialised 4-layer llama with a word-level tokenizer, saved with save_pretrained."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from test_models import tiny_config, word_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    config = tiny_config("llama", layers=4)
+    config.initializer_range = 0.3  # clear argmax margins: greedy never flips on rounding
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return path

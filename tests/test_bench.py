@@ -319,18 +319,8 @@ ARTICLES = {  # name -> (article, reference); words of the tiny word-level token
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from test_models import tiny_config, word_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    config = tiny_config("llama", layers=4)
-    config.initializer_range = 0.3  # clear argmax margins: greedy never flips on rounding
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    word_tokenizer().save_pretrained(path)
-    return path
+def tiny_llama(tiny_llama_dir):
+    return tiny_llama_dir
 
 
 @pytest.fixture(scope="module")
