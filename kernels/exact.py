@@ -178,6 +178,17 @@ def _weight(z, q, lse, inv_t, alpha, beta, use_residual, SIGMOID: tl.constexpr):
 
 
 @triton.jit
+def _tile(row_z, row_q, cols, mask, has_draft, V, SIGMOID: tl.constexpr):
+    """One BLOCK of the drawn row: target logits z [BLOCK], and the draft's q [BLOCK] when the row has
+    a draft row (n < γ); at the bonus row q = 0 (sigmoid: raw logit −inf, so q̂ = 0)."""
+    z = tl.load(row_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    q = tl.load(row_q + cols, mask=mask & (cols < tl.where(has_draft, V, 0)), other=0.0).to(tl.float32)
+    if SIGMOID:
+        q = tl.where(has_draft, q, float("-inf"))
+    return z, q
+
+
+@triton.jit
 def _accept_weights_kernel(
     # pointers
     tokens_ptr,  # [B, γ] int64 draft tokens
@@ -238,8 +249,7 @@ def _accept_weights_kernel(
     lse_n = tl.sum(tl.where(c == n, lse, 0.0))
 
     # Σ of the draw's weights over this split of row n
-    use_residual = n < gamma
-    q_limit = tl.where(use_residual, V, 0)  # the bonus row has no draft row to read
+    use_residual = n < gamma  # the bonus row has no draft row to read
     row_z = logits_ptr + (b * (gamma + 1) + n) * V
     row_q = draft_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
     w_acc = tl.zeros((BLOCK,), tl.float64)
@@ -250,11 +260,9 @@ def _accept_weights_kernel(
     for off in range(0, chunk, BLOCK):
         cols = split * chunk + off + tl.arange(0, BLOCK)
         mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
-        z = tl.load(row_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        q = tl.load(row_q + cols, mask=mask & (cols < q_limit), other=0.0).to(tl.float32)
+        z, q = _tile(row_z, row_q, cols, mask, use_residual, V, SIGMOID)
         if SIGMOID:
             bad += tl.sum((mask & ((z != z) | (z == float("inf")))).to(tl.int32))
-            q = tl.where(use_residual, q, float("-inf"))  # no draft at the bonus row: q̂ = 0
         w, p = _weight(z, q, lse_n, inv_t, alpha, beta, use_residual, SIGMOID)
         w_acc += tl.where(mask, w, 0.0).to(tl.float64)
         p_acc += tl.where(mask, p, 0.0).to(tl.float64)
@@ -307,7 +315,6 @@ def _draw_kernel(
     split = tl.min(tl.where((running >= threshold) & (w_split > 0), k, last_split))
     before = tl.sum(tl.where(k < split, w_split, 0.0))
 
-    q_limit = tl.where(n < gamma, V, 0)
     row_z = logits_ptr + (b * (gamma + 1) + n) * V
     row_q = draft_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
     token = tl.full((), -1, tl.int64)
@@ -315,10 +322,7 @@ def _draw_kernel(
     for off in range(0, chunk, BLOCK):
         cols = split * chunk + off + tl.arange(0, BLOCK)
         mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
-        z = tl.load(row_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        q = tl.load(row_q + cols, mask=mask & (cols < q_limit), other=0.0).to(tl.float32)
-        if SIGMOID:
-            q = tl.where(n < gamma, q, float("-inf"))
+        z, q = _tile(row_z, row_q, cols, mask, n < gamma, V, SIGMOID)
         w, _ = _weight(z, q, lse_n, inv_t, alpha, beta, use_residual, SIGMOID)
         w = tl.where(mask, w, 0.0).to(tl.float64)
         reach = before + tl.cumsum(w, axis=0)
