@@ -266,6 +266,7 @@ def summarize(
     truncate: Annotated[bool, typer.Option(help="Cut articles too long for the model's context instead of refusing them.")] = False,
     draft_vocab: Annotated[int, typer.Option(help="Score only this many of the most frequent tokens (+ the prompt's) in the draft's output layer: a cheaper draft, the same output. 0 = the full vocabulary.")] = 32768,
     draft_int8: Annotated[bool, typer.Option(help="Give the draft int8 weights (CPU only): a cheaper draft, the same output.")] = True,
+    draft_stop: Annotated[float, typer.Option(help="End a round's drafting early once the draft gives its token less than this probability (0 = always draft γ); the output stays the target's.")] = 0.0,
     as_json: Json = False,
 ):
     """Summarize articles with a causal-LM target and a smaller draft (default: the embedded
@@ -285,6 +286,8 @@ def summarize(
     check_decoding_options(mode, gamma, max_new_tokens, batch_size, backend, gamma_schedule)
     if draft_vocab < 0:
         raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {draft_vocab})")
+    if not 0.0 <= draft_stop < 1.0:
+        raise SpecdecError(f"--draft-stop must be in [0, 1) (got {draft_stop})")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     inputs = [task.read_article(a) for a in articles]  # every input is checked before models load
     tgt, drf = task.load_pair(target, draft, mode=mode, dtype=dtype, device=device, progress=not as_json)
@@ -292,7 +295,7 @@ def summarize(
         results = task.summarize(
             tgt, drf, inputs, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params,
             max_new_tokens=max_new_tokens, batch_size=batch_size, truncate=truncate, alpha=alpha, beta=beta,
-            backend=backend, draft_vocab=draft_vocab, draft_int8=draft_int8, on_batch=advance,
+            backend=backend, draft_vocab=draft_vocab, draft_int8=draft_int8, draft_stop=draft_stop, on_batch=advance,
         )
     emit_results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {mode}")
 

@@ -320,12 +320,15 @@ def prefill(decoders: Iterable[Decoder], slots: _Slots) -> None:
 
 
 def draft(
-    decoder: Decoder, slots: _Slots, gamma: int, params: SamplingParams, generator, vocab: int, keep_logits: bool
+    decoder: Decoder, slots: _Slots, gamma: int, params: SamplingParams, generator, vocab: int, keep_logits: bool,
+    stop_below: float = 0.0,
 ):
-    """γ tokens from the draft, each fed back through its cache; appended to the slots.
+    """Up to γ tokens from the draft, each fed back through its cache; appended to the slots. The round
+    ends early, after k < γ tokens, once every row's draft gave its last token a probability below
+    `stop_below`: a rule that reads only the draft, so the output stays exactly the target's.
 
-    -> draft_tokens int64 [B, γ], draft_probs float32 [B, γ, V] (None if greedy),
-       draft_logits [B, γ, V] (only if keep_logits: raw, or processed when top-k/top-p is on)."""
+    -> draft_tokens int64 [B, k], draft_probs float32 [B, k, V] (None if greedy),
+       draft_logits [B, k, V] (only if keep_logits: raw, or processed when top-k/top-p is on)."""
     B = slots.tokens.shape[0]
     tokens = torch.empty(B, gamma, dtype=torch.int64, device=slots.tokens.device)
     probs = None if params.greedy else torch.empty(B, gamma, vocab, device=slots.tokens.device)
@@ -342,6 +345,11 @@ def draft(
         if raw is not None:  # sigmoid reads logits in the same space as the target's (see verify)
             raw.append(process_logits(logits, params) if params.filtered else logits)
         slots.append(token)
+        if stop_below > 0 and i < gamma - 1:
+            top = (p if p is not None else torch.softmax(logits.float(), dim=-1)).amax(dim=-1)  # [B]
+            if bool((top < stop_below).all()):
+                tokens, probs = tokens[:, : i + 1], None if probs is None else probs[:, : i + 1]
+                break
     return tokens, probs, (torch.stack(raw, dim=1) if raw is not None else None)
 
 
@@ -441,12 +449,14 @@ def generate(
     beta: float = 1e4,
     backend: str = "auto",
     vocab_size: int | None = None,
+    draft_stop_below: float = 0.0,
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
     target, draft_model: transformers causal LMs or `Decoder`s (draft_model unused, may be None, for
     mode="autoregressive"). vocab_size: the V both models' logits are cut to (models.check_compatible's
-    answer when lm_heads carry padding rows); default: the target's lm_head rows.
+    answer when lm_heads carry padding rows); default: the target's lm_head rows. draft_stop_below:
+    end a round's drafting early when the draft is unsure (see `draft`); 0 = always draft γ.
     Returns the new tokens of each row and the run's stats."""
     if mode not in MODES:
         raise SpecdecError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
@@ -487,8 +497,10 @@ def generate(
                 out, accepted = _decode_one_token(target, slots, params, generator, vocab, stats)
             else:
                 out, accepted = _speculate(
-                    target, draft_dec, slots, g_round, mode, params, generator, vocab, stats, alpha, beta, backend
+                    target, draft_dec, slots, g_round, mode, params, generator, vocab, stats, alpha, beta, backend,
+                    draft_stop_below,
                 )
+                g_round = out.shape[1] - 1  # the draft may have stopped early
             going = _commit(slots, target, draft_dec, rows, out, accepted, start, g_round, stats)
             if not going:
                 break
@@ -512,14 +524,16 @@ def _decode_one_token(target: Decoder, slots: _Slots, params, generator, vocab: 
     return token[:, None], [0] * B
 
 
-def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, stats, alpha, beta, backend):
-    """One speculative round: draft γ, score γ+1, verify. -> (out_tokens [B, γ+1], accepted list)."""
+def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, stats, alpha, beta, backend,
+               stop_below=0.0):
+    """One speculative round: draft γ (or fewer), score γ+1, verify. -> (out_tokens [B, γ+1], accepted list)."""
     device = target.device
     start = slots.pending
     t0 = _clock(device)
     draft_tokens, draft_probs, draft_logits = draft(
-        draft_dec, slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid")
+        draft_dec, slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid"), stop_below=stop_below
     )
+    g = draft_tokens.shape[1]
     t1 = _clock(device)
     target_logits = _fit_vocab(score(target, slots, start), vocab)  # [B, γ+1, V]
     t2 = _clock(device)

@@ -132,12 +132,14 @@ def summarize(
     backend: str = "auto",
     draft_vocab: int = 0,
     draft_int8: bool = False,
+    draft_stop: float = 0.0,
     on_batch=None,
 ) -> list[Summary]:
     """Summaries of `articles` in input order. target/draft: models.LoadedModel (draft None for
     autoregressive). draft_vocab > 0 cuts the draft's output layer to the draft_vocab most frequent
     tokens plus the batch's prompt tokens (draft_head.py); draft_int8 gives the draft int8 weights on a
-    CPU (int8.py). Both make the draft cheaper and leave the output exactly the target's. on_batch(done, total) is called after each
+    CPU (int8.py). Both make the draft cheaper and leave the output exactly the target's. draft_stop > 0
+    ends a round's drafting once the draft is less sure than that of its token (decoding.draft). on_batch(done, total) is called after each
     batch (progress)."""
     if batch_size < 1:
         raise SpecdecError(f"--batch-size must be at least 1 (got {batch_size})")
@@ -164,7 +166,7 @@ def summarize(
         result = generate(
             model, None if draft is None else draft.model, input_ids.to(target.device), attention_mask.to(target.device),
             mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, params=params, max_new_tokens=max_new_tokens,
-            eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend, vocab_size=vocab,
+            eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend, vocab_size=vocab, draft_stop_below=draft_stop,
         )
         for article, tokens, reason in zip(articles[chunk], result.tokens, result.finish_reasons):
             text = tok.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()

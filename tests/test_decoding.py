@@ -427,3 +427,29 @@ def test_smollm2_self_draft_greedy_equals_autoregressive(smollm2, mode):
     got = generate(smollm2.model, draft.model, ids, mask, mode=mode, gamma=4, params=GREEDY, max_new_tokens=16)
     assert got.tokens == expected
     assert got.stats.acceptance_rate > 0.0
+
+
+def test_greedy_output_unchanged_when_the_draft_stops_early(pair):
+    target, draft = pair
+    want = autoregressive(target, PROMPT, n=24).tokens
+    got = generate(target, draft, PROMPT, mode="exact", gamma=4, params=GREEDY, max_new_tokens=24,
+                   draft_stop_below=0.9)
+    assert got.tokens == want
+    assert min(got.stats.gamma_history) < 4, "some round stopped drafting early"
+    assert got.stats.draft_tokens == sum(got.stats.gamma_history)
+
+
+def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(small_pair):
+    """B = 1, so the stopping rule decides per sequence; 3 000 runs, chi-square p > 1e-3 as above."""
+    target, draft = small_pair
+    prompt = torch.tensor([[1, 6, 2, 3]])
+    params = SamplingParams(temperature=1.0, seed=41)
+    joint = exact_first_two(target, prompt, params)
+    tokens, stopped = [], 0
+    for seed in range(3000):
+        got = generate(target, draft, prompt, mode="exact", gamma=3, max_new_tokens=3, draft_stop_below=0.6,
+                       params=SamplingParams(temperature=1.0, seed=seed))
+        tokens += got.tokens
+        stopped += got.stats.gamma_history[0] < 2  # the first round may draft 2 (3 new tokens at most)
+    assert stopped > 300, "the rule really ends rounds early"
+    assert first_two_pvalue(tokens, joint) > 1e-3

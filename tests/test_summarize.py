@@ -108,6 +108,7 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path, model_dir):
         ("--top-p", "1.5", "top-p"),
         ("--top-k", "-2", "top-k"),
         ("--max-new-tokens", "0", "--max-new-tokens"),
+        ("--draft-stop", "1", "--draft-stop"),
         ("--mode", "turbo", "--mode"),
         ("--draft", "self:9", "self:9"),
         ("--target", "/no/such/model", "no such file"),
