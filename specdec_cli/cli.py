@@ -305,7 +305,7 @@ def summarize(
 def transcribe(
     audio: Annotated[list[str], typer.Argument(help="Audio files: wav, flac, ogg, mp3, ... (any rate, mono or stereo).")],
     target: Annotated[str, typer.Option(help="Whisper target: `embedded` (Whisper base), `embedded:tiny.en`, a Hugging Face id, or a local directory.")] = "embedded",
-    draft: Annotated[str, typer.Option(help="`self` (the target's decoder layers, shared, with a reduced output layer), `self:K` (its first K layers), or another Whisper model with the same vocabulary.")] = "self",
+    draft: Annotated[str, typer.Option(help="`self` (the target's own decoder weights, int4, with a reduced output layer, in a lean decoding step), `self:K` (its first K layers), or another Whisper model with the same vocabulary.")] = "self",
     mode: Mode = "exact",
     gamma: Gamma = 8,  # transcribe.DEFAULT_GAMMA: measured (benchmarks/transcribe-cpu.json)
     gamma_schedule: GammaSchedule = "constant",
@@ -323,10 +323,11 @@ def transcribe(
     language: Annotated[str, typer.Option(help="auto (detected per file; English-only models: en) or a language code: en, de, fr, ...")] = "auto",
     task_name: Annotated[str, typer.Option("--task", help="transcribe | translate (into English; multilingual models only).")] = "transcribe",
     draft_vocab: Annotated[int, typer.Option(help="The draft's output layer scores only the token ids below this (+ end of text): a cheaper draft, the same output. 0 = the full vocabulary.")] = 16384,
+    draft_int4: Annotated[bool, typer.Option(help="Give the self draft int4 weights (CPU only): a cheaper draft, the same output.")] = True,
     as_json: Json = False,
 ):
     """Transcribe speech with a Whisper target and a speculative draft (default: Whisper base, drafting
-    with its own decoder layers and a reduced output layer). Audio longer than 30 s is transcribed window by
+    with its own decoder weights in int4 and a reduced output layer). Audio longer than 30 s is transcribed window by
     window, cut in pauses. The transcript goes to stdout, the decoding stats to stderr.
 
     Examples:
@@ -349,7 +350,7 @@ def transcribe(
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     audios = tx.check_inputs(audio)  # every input is read before models load
     tgt, drf = tx.load_pair(target, draft, mode=mode, dtype=dtype, device=device, head_size=draft_vocab or None,
-                            progress=not as_json)
+                            int4=draft_int4, progress=not as_json)
     tx.check_language_task(tgt, language.lower(), task_name)
     with render.progress("transcribing", total=sum(tx.count_windows(a) for a in audios), quiet=as_json) as advance:
         results = tx.transcribe(

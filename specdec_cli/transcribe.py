@@ -14,21 +14,24 @@ Per input file:
                   → generate(target, draft) on [<sot>, <lang>, <task>, <notimestamps>], timestamps off
     → the windows' texts joined with one space (the cuts lie in pauses: no word is split, dropped or doubled).
 
-The default draft, `self`, is the target's own decoder (every layer, no weight copied) with a *reduced
-output layer*: logits for token ids [0, N) and <|endoftext|> only, −inf elsewhere (zero probability off the
-subset: exact verification allows it, greedy verification compares argmaxes). Draft and target then run the
-same layers on the same tokens, so they share them (SharedTrunk): each token goes through the layers once,
-and "the target scores γ+1 positions" is the full output layer over the hidden states the draft computed, in
-one matmul, plus the layers on the one slot the draft never fed. What remains of speculation is the output
-layer: paid once per round instead of once per token. Why not fewer layers: measured, see DEFAULT_HEAD_SIZE.
+The default draft, `self`, is the target's own decoder (every layer, the same weights) with a *reduced output
+layer* (logits for token ids [0, N) and <|endoftext|> only, −inf elsewhere: zero probability off the subset,
+which exact verification allows, and greedy verification compares argmaxes), run by LeanDraft: a hand-written
+decoding step in plain torch ops with int4 weights, instead of transformers' modules over bf16 weights. At
+batch 1 a step's time is the time to read its weights, and torch's bf16 GEMV reads them slowly on this CPU;
+the int4 GEMV reads a quarter of the bytes, faster. The draft proposes γ tokens one at a time, then the target
+scores the γ+1 slots in one pass (ExactScorer), which costs about what one token costs: that is the saving.
+Why not fewer layers: measured, see DEFAULT_HEAD_SIZE.
 
-`self:K` (first K layers) and `self:0-2,4` (chosen layers) are separate two-pass drafts; another Whisper model
-(`--draft DIR-or-ID`, same vocabulary) reuses the target's encoder output when its encoder has the same weights.
+`self:K` (first K layers) and `self:0-2,4` (chosen layers) are the same LeanDraft over fewer layers; another
+Whisper model (`--draft DIR-or-ID`, same vocabulary) reuses the target's encoder output when its encoder has
+the same weights.
 
-Exactness: greedy output is the autoregressive output. With the shared layers it is bit for bit so on this
-CPU (same layer calls as autoregressive decoding; the output layer's rows come out of a many-row matmul
-exactly as out of one-row matmuls). Two-pass drafts score γ+1 tokens in one pass, which in bf16 can round
-differently from one token at a time and flip a near tie (seen once on the 74 s LibriVox recording).
+Exactness: greedy output is the autoregressive output, token for token. The target's one pass over γ+1 slots
+gives every row bit for bit the logits a one-token step gives in bf16 on this CPU (ExactScorer: attention row
+by row, every other op computes a row the same in any batch), so verification compares the draft with exactly
+the autoregressive logits. (In fp32 MKL rounds a many-row GEMM differently from a one-row GEMV, ~1e−7: only a
+tie that close could flip.)
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ TASKS = ("transcribe", "translate")
 DEFAULT_HEAD_SIZE = 16384
 DEFAULT_GAMMA = 8
 DEFAULT_ABSTAIN = 0.8
+DEFAULT_INT4 = True  # the self draft's weights in int4 on a CPU: a step 5.9 ms against 14.4 ms in bf16, agreement 0.936 both
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -84,7 +88,7 @@ class WhisperModel:
 
     source: "embedded" | "local" | "hub" | "self"."""
 
-    model: Any  # WhisperForConditionalGeneration (or, for a self draft, a SelfDraft module)
+    model: Any  # WhisperForConditionalGeneration (or, for a self draft, a LeanDraft over the target's)
     processor: Any  # WhisperProcessor: .tokenizer, .feature_extractor
     name: str
     source: str
@@ -102,16 +106,16 @@ class WhisperModel:
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        return next(self.whisper.parameters()).dtype
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return next(self.whisper.parameters()).device
 
     @property
     def whisper(self):
-        """The WhisperForConditionalGeneration whose encoder and layers this model runs."""
-        return self.model.target if isinstance(self.model, SelfDraft) else self.model
+        """The WhisperForConditionalGeneration whose encoder and weights this model runs."""
+        return self.model.model if isinstance(self.model, LeanDraft) else self.model
 
     @property
     def output_size(self) -> int:
@@ -209,7 +213,7 @@ def _load_hub(spec: str, dtype: torch.dtype, progress: bool) -> WhisperModel:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The self draft: the target's decoder layers (shared) and a reduced output layer
+# The self draft: the target's own weights, run by a lean decoding step
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
@@ -221,89 +225,210 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-def _renumbered(layer: nn.Module, index: int) -> nn.Module:
-    """`layer` (shared weights) whose attention modules use cache slot `index`."""
-    clone = _shallow_copy(layer)
-    for name in ("self_attn", "encoder_attn"):
-        attn = _shallow_copy(getattr(layer, name))
-        attn.layer_idx = index
-        setattr(clone, name, attn)
-    return clone
+INT4_GROUP = 32  # input channels that share one int4 scale and zero point
 
 
-class SelfDraft(nn.Module):
-    """The target's decoder restricted to `layers` (in order; weights shared, nothing copied), its final
-    layer norm, and an output layer over token ids [0, head_size) ∪ `extra_ids` only (−inf elsewhere).
+def _int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """weight [out, in] for torch's CPU int4 GEMV: (packed [out, in/2] uint8, scales and zero points
+    [in/32, out, 2]), w ≈ (q − 8)·scale + zero, q in 0..15 rounded to nearest between each group of 32 inputs'
+    min and max. None where the kernel is missing or the shape does not fit it (in % 32, out % 16)."""
+    rows, cols = weight.shape
+    if cols % INT4_GROUP or rows % 16 or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        return None
+    w = weight.detach().float().reshape(rows, cols // INT4_GROUP, INT4_GROUP)  # [out, groups, 32]
+    lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # [out, groups, 1]
+    scale = (hi - lo).clamp(min=1e-6) / 15
+    q = ((w - lo) / scale).round_().clamp_(0, 15).to(torch.int32).reshape(rows, cols)  # [out, in]
+    scales_zeros = torch.cat([scale, lo + 8 * scale], -1).transpose(0, 1).contiguous().to(weight.dtype)  # [groups, out, 2]
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), scales_zeros
 
-    head_size None: the whole output layer. The head's weight is a view of the target's rows [0, N)
-    (no copy) plus the few `extra_ids` rows (EOT), gathered once.
-    Called like WhisperForConditionalGeneration by Seq2SeqDecoder (decoder_input_ids, encoder_outputs, ...)."""
 
-    def __init__(self, target, layers: Sequence[int], head_size: int | None, extra_ids: Sequence[int] = ()):
-        super().__init__()
-        decoder = target.model.decoder
+def _linear(x: torch.Tensor, lin: tuple) -> torch.Tensor:
+    """x [..., in] → [..., out] through lin = (weight [out, in] or None, _int4 pair or None, bias [out] or None)."""
+    weight, packed, bias = lin
+    if packed is None:
+        return nn.functional.linear(x, weight, bias)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), packed[0], INT4_GROUP, packed[1])
+    y = y.view(*x.shape[:-1], y.shape[-1])
+    return y if bias is None else y + bias
+
+
+class LeanDraft(Decoder):
+    """The self draft: the target's own decoder weights (`layers` of them) and an output layer over token ids
+    [0, head_size) ∪ `extra_ids` (−inf elsewhere: zero probability off the subset, which exact verification
+    allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
+    in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
+    cross-attention K/V (cross_kv) used as they are and, on a CPU, int4 weights (see DEFAULT_INT4).
+
+    What it computes, as transformers' WhisperDecoder does (pre-norm; every projection has a bias but k's):
+        x = embed[token] + pos[position]
+        per layer:  x += out(attention(LN1(x)·Wq·s, LN1(x)·Wk, LN1(x)·Wv))      causal; s = head_dim^−½
+                    x += out'(attention(LN2(x)·Wq'·s, K, V))                    K, V: the encoder output's
+                    x += fc2(gelu(fc1(LN3(x))))
+        logits = LN(x)·Wheadᵀ
+
+    Built once per loaded target; `window(kv, hook)` gives a copy for one window (weights shared, empty cache).
+
+    Abstaining (one row at a time, B = 1): once it has proposed <|endoftext|>, or a token it gave less than
+    `abstain_below` probability, the draft's remaining steps of the round skip the layers and propose `dummy`,
+    a token the target suppresses, which verification therefore always rejects: the round ends there."""
+
+    def __init__(self, whisper, layers: Sequence[int], head_size: int | None, extra_ids: Sequence[int] = (), *,
+                 int4: bool = True, eot: int | None = None, dummy: int | None = None):
+        from transformers.activations import ACT2FN
+
+        super().__init__(whisper)
+        decoder = whisper.model.decoder
         n = len(decoder.layers)
         layers = tuple(int(i) for i in layers)
         if not layers or any(not 0 <= i < n for i in layers) or list(layers) != sorted(set(layers)):
             raise SpecdecError(f"self draft layers {list(layers)}: need increasing layer numbers in 0..{n - 1}")
-        object.__setattr__(self, "target", target)  # not a submodule: parameters() lists the shared ones once
         self.layer_ids = layers
-        if layers == tuple(range(n)):
-            self.decoder = decoder
-        else:
-            self.decoder = _shallow_copy(decoder)
-            self.decoder.layers = nn.ModuleList([_renumbered(decoder.layers[i], j) for j, i in enumerate(layers)])
-            config = copy.copy(decoder.config)
-            config.decoder_layers = len(layers)
-            self.decoder.config = config
-        weight = target.proj_out.weight
-        vocab = weight.shape[0]
-        if head_size is not None and not 1 <= head_size < vocab:
-            head_size = None
-        self.vocab = vocab
-        self.head_size = head_size
-        self.share_trunk = True  # False: run draft and target as two decoders (for measurement)
-        self.abstain_below = DEFAULT_ABSTAIN  # SharedTrunk: stop drafting after a token given less than this
-        if head_size is None:
-            self.extra_ids = torch.empty(0, dtype=torch.long)
-            self._extra_weight = None
-        else:
-            extra = sorted({int(i) for i in extra_ids if head_size <= int(i) < vocab})
-            self.extra_ids = torch.tensor(extra, dtype=torch.long, device=weight.device)
-            self._extra_weight = weight.index_select(0, self.extra_ids) if extra else None  # a few rows
+        config = whisper.config
+        self.heads = config.decoder_attention_heads
+        self.head_dim = config.d_model // self.heads
+        self.activation = ACT2FN[config.activation_function]  # "gelu": exact (erf)
+        self.int4 = int4 and self.device.type == "cpu"
+        s = self.head_dim**-0.5  # transformers scales the query after its projection (bias included)
 
-    @property
-    def shares_trunk(self) -> bool:
-        """Every layer of the target, in order: the target can reuse the draft's layer outputs (SharedTrunk)."""
-        return self.share_trunk and self.layer_ids == tuple(range(len(self.target.model.decoder.layers)))
+        def lin(weight, bias=None):
+            packed = _int4(weight) if self.int4 else None
+            return None if packed is not None else weight, packed, bias
+
+        def norm(m: nn.LayerNorm):
+            return m.weight, m.bias, m.eps
+
+        self.embed = decoder.embed_tokens.weight  # [V, d]
+        self.pos = decoder.embed_positions.weight  # [max_target_positions, d]
+        self.layers = []
+        for i in layers:
+            layer, a, c = decoder.layers[i], decoder.layers[i].self_attn, decoder.layers[i].encoder_attn
+            qkv = torch.cat([a.q_proj.weight * s, a.k_proj.weight, a.v_proj.weight])  # [3d, d]
+            qkv_bias = torch.cat([a.q_proj.bias * s, torch.zeros_like(a.v_proj.bias), a.v_proj.bias])  # [3d]
+            self.layers.append({
+                "norm1": norm(layer.self_attn_layer_norm), "qkv": lin(qkv, qkv_bias),
+                "out": lin(a.out_proj.weight, a.out_proj.bias),
+                "norm2": norm(layer.encoder_attn_layer_norm), "q": lin(c.q_proj.weight * s, c.q_proj.bias * s),
+                "cross_out": lin(c.out_proj.weight, c.out_proj.bias),
+                "norm3": norm(layer.final_layer_norm), "fc1": lin(layer.fc1.weight, layer.fc1.bias),
+                "fc2": lin(layer.fc2.weight, layer.fc2.bias),
+            })
+        self.final_norm = norm(decoder.layer_norm)
+        weight = whisper.proj_out.weight  # [V, d]
+        self.vocab = weight.shape[0]
+        if head_size is None or not 1 <= head_size < self.vocab:
+            self.keep = None  # the whole output layer
+            self.head = lin(weight)
+        else:
+            extra = sorted({int(i) for i in extra_ids if head_size <= int(i) < self.vocab})
+            rows = head_size + len(extra)
+            pad = min(-rows % 16, self.vocab - rows)  # the int4 kernel takes rows by 16: the next ids fill them
+            ids = sorted(set(range(head_size + pad)) | set(extra))
+            self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
+            self.head = lin(weight.index_select(0, self.keep))  # [N', d]
+        self.eot, self.dummy = eot, dummy
+        self.abstain_below = DEFAULT_ABSTAIN
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.keys = self.values = None
+        self.abstaining = False
+        self.abstained = 0  # draft steps that proposed the dummy (stats)
 
     @property
     def head_rows(self) -> int:
-        return self.vocab if self.head_size is None else self.head_size + len(self.extra_ids)
+        return self.vocab if self.keep is None else len(self.keep)
 
-    def get_output_embeddings(self):
-        return self.target.proj_out
+    def window(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], hook=None) -> "LeanDraft":
+        """A copy for one window: kv = every target layer's cross-attention (K, V), each [B, heads, S, head_dim]
+        (cross_kv); hook = the logits hook. The weights are shared."""
+        draft = copy.copy(self)
+        draft.kv = [kv[i] for i in self.layer_ids]
+        draft.logits_hook = hook
+        draft.abstained = 0
+        draft.reset()
+        return draft
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.target.proj_out.weight
-        if self.head_size is None:
-            return nn.functional.linear(hidden, weight)
-        out = hidden.new_full((*hidden.shape[:-1], self.vocab), -math.inf)
-        out[..., : self.head_size] = nn.functional.linear(hidden, weight[: self.head_size])
-        if self._extra_weight is not None:
-            out[..., self.extra_ids] = nn.functional.linear(hidden, self._extra_weight)
-        return out
+    def reset(self) -> None:
+        k = self.kv[0][0]
+        shape = (len(self.layers), k.shape[0], self.heads, 64, self.head_dim)  # [layers, B, heads, slots, head_dim]
+        self.keys = k.new_empty(shape)
+        self.values = k.new_empty(shape)
+        self.length = 0
+        self.abstaining = False
 
-    def forward(self, decoder_input_ids=None, decoder_attention_mask=None, decoder_position_ids=None,
-                past_key_values=None, use_cache=True, encoder_outputs=None, **_):
-        from transformers.modeling_outputs import Seq2SeqLMOutput
+    def _grow(self, slots: int) -> None:
+        have = self.keys.shape[3]
+        if slots > have:
+            more = max(slots, 2 * have) - have
+            self.keys, self.values = (torch.cat([t, t.new_empty(*t.shape[:3], more, t.shape[4])], 3)
+                                      for t in (self.keys, self.values))
 
-        encoded = encoder_outputs.last_hidden_state if hasattr(encoder_outputs, "last_hidden_state") else encoder_outputs[0]
-        hidden = self.decoder(
-            input_ids=decoder_input_ids, attention_mask=decoder_attention_mask, encoder_hidden_states=encoded,
-            past_key_values=past_key_values, position_ids=decoder_position_ids, use_cache=use_cache,
-        ).last_hidden_state
-        return Seq2SeqLMOutput(logits=self.head(hidden), past_key_values=past_key_values)
+    def _layers(self, tokens, mask, positions) -> torch.Tensor:
+        """tokens, positions [B, T] at slots length..length+T (mask [B, length+T] or None) -> hidden [B, T, d];
+        their keys and values go into the cache."""
+        B, T = tokens.shape
+        start, end = self.length, self.length + T
+        self._grow(end)
+        x = self.embed[tokens] + self.pos[positions]  # [B, T, d]
+        d = x.shape[-1]
+        attn_mask = None
+        if T > 1 or mask is not None:
+            slot = torch.arange(end, device=x.device)
+            attn_mask = (slot[None, :] <= slot[start:, None])[None, None]  # [1, 1, T, end]: causal
+            if mask is not None:
+                attn_mask = attn_mask & mask[:, None, None, :end]  # [B, 1, T, end]: and no holes
+        for i, p in enumerate(self.layers):
+            h = nn.functional.layer_norm(x, (d,), *p["norm1"])
+            # q, k, v: [B, heads, T, head_dim] each
+            q, k, v = _linear(h, p["qkv"]).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            self.keys[i, :, :, start:end] = k
+            self.values[i, :, :, start:end] = v
+            a = nn.functional.scaled_dot_product_attention(  # [B, heads, T, head_dim]
+                q, self.keys[i, :, :, :end], self.values[i, :, :, :end], attn_mask=attn_mask, scale=1.0)
+            x = x + _linear(a.transpose(1, 2).reshape(B, T, d), p["out"])
+            h = nn.functional.layer_norm(x, (d,), *p["norm2"])
+            q = _linear(h, p["q"]).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
+            a = nn.functional.scaled_dot_product_attention(q, *self.kv[i], scale=1.0)  # [B, heads, T, head_dim]
+            x = x + _linear(a.transpose(1, 2).reshape(B, T, d), p["cross_out"])
+            h = nn.functional.layer_norm(x, (d,), *p["norm3"])
+            x = x + _linear(self.activation(_linear(h, p["fc1"])), p["fc2"])
+        return x
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
+        hidden = self._layers(tokens, mask, positions)
+        if keep:
+            hidden = hidden[:, -keep:]
+        z = _linear(nn.functional.layer_norm(hidden, hidden.shape[-1:], *self.final_norm), self.head)  # [B, T', N']
+        if self.keep is None:
+            return z
+        logits = z.new_full((*z.shape[:-1], self.vocab), -math.inf)  # [B, T', V]
+        return logits.index_copy_(-1, self.keep, z)
+
+    def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
+        B, T = tokens.shape
+        if B == 1 and self.dummy is not None and (self.abstaining or int(tokens[0, -1]) == self.eot):
+            self.abstaining = True  # the round is over for the draft: propose the dummy, feed nothing
+            self.abstained += 1
+            logits = torch.full((1, keep or T, self.vocab), -math.inf, dtype=self.keys.dtype, device=tokens.device)
+            logits[..., self.dummy] = 0.0
+            return logits
+        logits = super().forward(tokens, mask, positions, keep)  # [B, T', V], hooked; the cache grows by T
+        if B == 1 and self.dummy is not None and self.abstain_below > 0:
+            top = logits[0, -1].float().softmax(-1).max()
+            self.abstaining = bool(top < self.abstain_below)  # propose this token, then stop drafting
+        return logits
+
+    def prefill(self, tokens, mask, positions) -> None:
+        self.reset()
+        self._layers(tokens, mask, positions)  # no output layer: the prompt's logits are never read
+        self.length = tokens.shape[1]
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+        self.abstaining = False
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.keys, self.values = self.keys.index_select(1, rows), self.values.index_select(1, rows)
+        self.kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.kv]
 
 
 def parse_self_spec(spec: str, num_layers: int) -> tuple[int, ...] | None:
@@ -339,15 +464,16 @@ def parse_self_spec(spec: str, num_layers: int) -> tuple[int, ...] | None:
 
 
 def self_draft(target: WhisperModel, layers: Sequence[int] | None = None,
-               head_size: int | None = DEFAULT_HEAD_SIZE) -> WhisperModel:
-    """The self draft of `target`: its decoder `layers` (default: all) and an output layer over
-    [0, head_size) ∪ {EOT} (None or ≥ V: the whole output layer). Shares every weight with the target."""
+               head_size: int | None = DEFAULT_HEAD_SIZE, int4: bool = DEFAULT_INT4) -> WhisperModel:
+    """The self draft of `target` (a LeanDraft): its decoder `layers` (default: all) and an output layer over
+    [0, head_size) ∪ {EOT} (None or ≥ V: the whole output layer), int4 weights on a CPU unless int4=False."""
     whisper = target.whisper
     n = len(whisper.model.decoder.layers)
     layers = tuple(range(n)) if layers is None else tuple(layers)
-    eot = special_ids(target).eot
-    module = SelfDraft(whisper, layers, head_size, extra_ids=[eot])
-    head = "full output layer" if module.head_size is None else f"output layer over {module.head_rows} of {module.vocab} tokens"
+    ids = special_ids(target)
+    module = LeanDraft(whisper, layers, head_size, extra_ids=[ids.eot], int4=int4, eot=ids.eot, dummy=ids.sot)
+    head = "full output layer" if module.keep is None else f"output layer over {module.head_rows} of {module.vocab} tokens"
+    head += ", int4" if module.int4 else ""
     spec = "self" if layers == tuple(range(n)) else f"self:{','.join(map(str, layers))}"
     return WhisperModel(module, target.processor, f"{target.name} (layers {list(layers)}, {head})", "self", spec,
                         target.path)
@@ -389,12 +515,13 @@ def check_compatible(target: WhisperModel, draft: WhisperModel) -> int:
 
 
 def load_draft(spec: str, target: WhisperModel, *, head_size: int | None = DEFAULT_HEAD_SIZE,
-               progress: bool = True) -> WhisperModel:
-    """`self`, `self:K`, `self:LAYERS` (see parse_self_spec), or another Whisper model spec (same vocabulary)."""
+               int4: bool = DEFAULT_INT4, progress: bool = True) -> WhisperModel:
+    """`self`, `self:K`, `self:LAYERS` (see parse_self_spec; int4: the self draft's weights), or another
+    Whisper model spec (same vocabulary)."""
     n = len(target.whisper.model.decoder.layers)
     layers = parse_self_spec(spec, n)
     if layers is not None:
-        return self_draft(target, layers, head_size)
+        return self_draft(target, layers, head_size, int4)
     draft = load_whisper(spec, role="draft", dtype=target.dtype, device=str(target.device), progress=progress)
     check_compatible(target, draft)
     if head_size is not None and head_size < draft.output_size:
@@ -563,200 +690,74 @@ class WindowDecoder(Seq2SeqDecoder):
         self.kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.kv]
 
 
-class SharedTrunk:
-    """The decoder layers run ONCE per token for both the self draft (every layer, reduced output layer)
-    and the target (the same layers, full output layer): one KV cache and the final hidden state of every
-    slot, for one generate() call.
+ROWS_ATTENTION = "specdec_sdpa_by_rows"  # registered with transformers' AttentionInterface (ExactScorer)
 
-    The draft's steps run the layers one token at a time, exactly as autoregressive decoding does (same
-    calls, same shapes: the hidden states are bit for bit the autoregressive ones) and keep the hidden
-    states; the target's "forward over γ+1 positions" then applies the full output layer to the hidden
-    states the draft computed (in one matmul; on this CPU its rows are bit for bit those of one-row
-    matmuls, so greedy output is the autoregressive output exactly) and runs the layers only on the slot the
-    draft never fed. Without this the target would recompute, for γ+1 tokens, the layers the draft just ran.
 
-    The draft abstains (B = 1): once it has proposed <|endoftext|>, or a token it gave less than
-    `abstain_below` probability, its remaining steps of the round skip the layers and propose `dummy`, a
-    token the target suppresses, which verification always rejects: the round ends there, and no layer
-    work is spent on tokens that would most likely be thrown away. Greedy: the last real draft token goes
-    through the layers only when every draft token before it matched (its logits are then needed)."""
+def _sdpa_by_rows(module, query, key, value, attention_mask, **kwargs):
+    """transformers' sdpa attention for queries [B, heads, T, head_dim], one query row at a time over exactly
+    the keys a one-token step would see: the first S − (T−1−r) for row r of a causal self-attention, all S for
+    cross-attention; a mask row that hides nothing is dropped, as transformers drops it for one token.
+    -> ([B, T, heads, head_dim], None), each row bit for bit a one-token step's."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    def __init__(self, whisper, encoded: torch.Tensor, kv, *, eot: int, dummy: int, greedy: bool,
-                 abstain_below: float = 0.0):
-        self.whisper = whisper
-        self.decoder = whisper.model.decoder
-        self.encoded = encoded
-        self.kv = kv
-        self.eot = eot
-        self.dummy = dummy
-        self.greedy = greedy
-        self.abstain_below = abstain_below
-        self.cache = None
-        self.length = 0  # slots that went through the layers (in the cache, hidden state kept)
-        self.skipped = 0  # slots after `length` fed to the draft while it abstained
-        self.abstaining = False
-        self.abstained = 0  # draft steps that abstained (stats)
-        self.hidden: torch.Tensor | None = None  # [B, capacity, d]: final hidden state of each slot
-        self.prefilled = False
+    T, S = query.shape[2], key.shape[2]
+    if T == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    rows = []
+    for r in range(T):
+        end = S - (T - 1 - r) if module.is_causal else S
+        mask = None if attention_mask is None else attention_mask[:, :, r : r + 1, :end]
+        if mask is not None and mask.dtype == torch.bool and bool(mask.all()):
+            mask = None
+        rows.append(sdpa_attention_forward(module, query[:, :, r : r + 1], key[:, :, :end], value[:, :, :end], mask,
+                                           **kwargs)[0])
+    return torch.cat(rows, 1), None
 
-    def reset(self) -> None:
-        self.cache = WindowDecoder(self.whisper, self.encoded, self.kv).new_cache()
-        self.length = self.skipped = 0
-        self.abstaining = False
-        self.hidden = None
 
-    def run(self, tokens: torch.Tensor, mask, positions: torch.Tensor) -> torch.Tensor:
-        """The layers (and final norm) over tokens [B, T] at slots length..length+T -> hidden [B, T, d]."""
+def _by_rows(decoder: nn.Module) -> nn.Module:
+    """A shallow copy of a Whisper decoder (weights and caches shared) whose attention modules alone run
+    _sdpa_by_rows; its config, hence its masks, stay transformers' sdpa ones."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ROWS_ATTENTION, _sdpa_by_rows)
+    config = copy.copy(decoder.config)
+    config._attn_implementation = ROWS_ATTENTION
+    clone = _shallow_copy(decoder)
+    clone.layers = nn.ModuleList()
+    for layer in decoder.layers:
+        layer = _shallow_copy(layer)
+        for name in ("self_attn", "encoder_attn"):
+            attn = _shallow_copy(getattr(layer, name))
+            attn.config = config
+            setattr(layer, name, attn)
+        clone.layers.append(layer)
+    return clone
+
+
+class ExactScorer(WindowDecoder):
+    """The target in the speculative modes: it scores a round's γ+1 slots in one pass (one read of its weights),
+    every row bit for bit the logits that a one-token step, i.e. autoregressive decoding, gives for it, so
+    greedy output is the autoregressive output token for token.
+
+    On this CPU the linear layers, layer norms and GELU compute a row the same in a many-row call as alone;
+    torch's scaled_dot_product_attention does not (a 9-row call rounds differently from nine 1-row calls and
+    flipped 0.7 % of the greedy tokens of the 74 s LibriVox recording in bf16), so attention runs row by row
+    (_sdpa_by_rows, ~6 ms of a ~33 ms pass of Whisper base). The prompt's prefill stays transformers' own, as in
+    autoregressive decoding. Needs the target's attention to be sdpa (transformers' default for Whisper)."""
+
+    def __init__(self, model, encoded: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], hook=None):
+        super().__init__(model, encoded, kv, hook)
+        decoder = model.model.decoder
+        self.decoder = _by_rows(decoder) if decoder.config._attn_implementation == "sdpa" else decoder
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
         hidden = self.decoder(
-            input_ids=tokens, attention_mask=mask, encoder_hidden_states=self.encoded, past_key_values=self.cache,
-            position_ids=positions, use_cache=True,
-        ).last_hidden_state
-        B, T, d = hidden.shape
-        end = self.length + T
-        if self.hidden is None or self.hidden.shape[1] < end:
-            grown = hidden.new_empty(B, max(end, 64, 2 * (0 if self.hidden is None else self.hidden.shape[1])), d)
-            if self.hidden is not None:
-                grown[:, : self.length] = self.hidden[:, : self.length]
-            self.hidden = grown
-        self.hidden[:, self.length : end] = hidden
-        self.length = end
-        return hidden
-
-    def head(self, start: int, end: int) -> torch.Tensor:
-        """Full output layer over the hidden states of slots start..end -> logits [B, end−start, V]."""
-        hidden = self.hidden[:, start:end]
-        B, n, d = hidden.shape
-        # 2-D: a strided 3-D input would send linear through bmm, which copies the whole weight per call
-        return nn.functional.linear(hidden.reshape(B * n, d), self.whisper.proj_out.weight).view(B, n, -1)
-
-    def crop(self, length: int) -> None:
-        self.skipped = 0
-        self.abstaining = False
-        if length < self.length:
-            self.cache.crop(length - self.length)
-            self.length = length
-
-    def select(self, rows: torch.Tensor) -> None:
-        if self.length > 0:
-            self.cache.batch_select_indices(rows)
-        self.hidden = self.hidden.index_select(0, rows) if self.hidden is not None else None
-        self.encoded = self.encoded.index_select(0, rows)
-        self.kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.kv]
-
-
-class _TrunkView(Decoder):
-    """A Decoder (as generate() sees it) over a SharedTrunk: `length` is the trunk's."""
-
-    def __init__(self, trunk: SharedTrunk, hook):
-        super().__init__(trunk.whisper, logits_hook=hook)
-        self.trunk = trunk
-
-    @property
-    def length(self) -> int:
-        trunk = self.__dict__.get("trunk")
-        return trunk.length + trunk.skipped if trunk is not None else 0
-
-    @length.setter
-    def length(self, value: int) -> None:  # the trunk keeps the count (Decoder.__init__ sets 0)
-        pass
-
-    def _hooked(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self.logits_hook is not None:
-            logits = self.logits_hook(logits, positions[:, -logits.shape[1] :] + 1)
-        return logits
-
-    def crop(self, length: int) -> None:
-        self.trunk.crop(length)
-
-    def reset(self) -> None:
-        self.trunk.reset()
-
-    def prefill(self, tokens, mask, positions) -> None:
-        if self.trunk.prefilled:  # generate() prefills the target, then the draft: once is enough
-            return
-        self.trunk.reset()
-        if tokens.shape[1] > 0:
-            self.trunk.run(tokens, mask, positions)
-        self.trunk.prefilled = True
-
-
-class TrunkTarget(_TrunkView):
-    """The target over a SharedTrunk: the full output layer over the slots the draft already ran, the
-    layers only on the first slot nobody fed yet."""
-
-    def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
-        """tokens [B, T]: slots end−T..end. generate()'s invariant: the window ends with the one slot nobody
-        has fed yet (the last draft token, or the pending token of a one-token step), preceded by the slots
-        the draft ran; when the draft abstained, the unfed slots start at its last real token."""
-        trunk = self.trunk
-        B, T = tokens.shape
-        unseen = trunk.skipped + 1
-        if mask is not None and mask.shape[1] != trunk.length + unseen:
-            raise RuntimeError(f"shared trunk out of step: window ends at {mask.shape[1]}, trunk at {trunk.length}+{unseen}")
-        seen = T - unseen  # requested slots with a hidden state
-        if seen < 0:
-            raise RuntimeError(f"shared trunk out of step: {T} slots asked, {unseen} unseen")
-        parts = []
-        if seen:
-            parts.append(self._hooked(trunk.head(trunk.length - seen, trunk.length), positions[:, :seen]))
-        # the first unseen slot: its logits are read only if every draft token before it is accepted, and
-        # never after an EOS (the row ends there)
-        needed = not (B == 1 and int(tokens[0, seen]) == trunk.eot)
-        if needed and trunk.greedy and seen:
-            needed = bool((parts[0].argmax(-1) == tokens[:, 1 : seen + 1]).all(dim=1).any())
-        if needed:
-            trunk.run(tokens[:, seen : seen + 1], mask[:, : trunk.length + 1] if mask is not None else None,
-                      positions[:, seen : seen + 1])
-            parts.append(self._hooked(trunk.head(trunk.length - 1, trunk.length), positions[:, seen : seen + 1]))
-        else:
-            parts.append(self._junk(B, 1, positions[:, seen : seen + 1]))
-        if unseen > 1:  # after the draft abstained: its dummies are rejected first (the target suppresses them)
-            parts.append(self._junk(B, unseen - 1, positions[:, seen + 1 :]))
-        if needed and trunk.skipped:  # that slot was one the abstaining draft skipped: it has run now
-            trunk.skipped -= 1
-        trunk.abstaining = False
-        logits = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        return logits[:, -keep:] if keep else logits
-
-    def _junk(self, B: int, n: int, positions) -> torch.Tensor:
-        """Logits that are never read (zeros, suppressed tokens −inf: the dummy can never be accepted)."""
-        dtype = self.trunk.encoded.dtype
-        z = torch.zeros(B, n, self.trunk.whisper.proj_out.weight.shape[0], dtype=dtype, device=positions.device)
-        return self._hooked(z, positions)
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.trunk.select(rows)
-
-
-class TrunkDraft(_TrunkView):
-    """The self draft over a SharedTrunk: the layers on the new slots, then the reduced output layer."""
-
-    def __init__(self, trunk: SharedTrunk, head: "SelfDraft", hook):
-        super().__init__(trunk, hook)
-        self.head = head
-
-    def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
-        trunk = self.trunk
-        B, T = tokens.shape
-        if B == 1 and (trunk.abstaining or int(tokens[0, -1]) == trunk.eot):
-            trunk.abstaining = True  # after an EOS or an unsure token: propose the dummy, skip the layers
-            trunk.skipped += T
-            trunk.abstained += 1
-            logits = torch.full((1, keep or T, self.head.vocab), -math.inf, dtype=trunk.encoded.dtype,
-                                device=tokens.device)
-            logits[..., trunk.dummy] = 0.0
-            return logits
-        hidden = trunk.run(tokens, mask, positions)
+            input_ids=tokens, attention_mask=mask, encoder_hidden_states=self.forward_kwargs["encoder_outputs"].last_hidden_state,
+            past_key_values=self.cache, position_ids=positions, use_cache=True,
+        ).last_hidden_state  # [B, T, d]
         if keep:
             hidden = hidden[:, -keep:]
-        logits = self._hooked(self.head.head(hidden), positions)
-        if B == 1 and trunk.abstain_below > 0:
-            top = logits[0, -1].float().softmax(-1).max()
-            trunk.abstaining = bool(top < trunk.abstain_below)  # propose this token, then stop drafting
-        return logits
-
-    def select(self, rows: torch.Tensor) -> None:  # the target's select moves the shared trunk
-        pass
+        return self.model.proj_out(hidden)  # [B, T', V]
 
 
 @dataclass
@@ -925,16 +926,11 @@ def transcribe(
                 rows = torch.tensor(keep, device=device)
                 enc_k = encoded.index_select(0, rows)
                 kv_k = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in kv]
-                target_dec = WindowDecoder(whisper, enc_k, kv_k, hook)
-                draft_dec = trunk = None
+                target_dec = (ExactScorer if speculative else WindowDecoder)(whisper, enc_k, kv_k, hook)
+                draft_dec = None
                 if speculative:
-                    if draft.source == "self" and draft.model.shares_trunk:
-                        trunk = SharedTrunk(whisper, enc_k, kv_k, eot=ids.eot, dummy=ids.sot, greedy=params.greedy,
-                                            abstain_below=draft.model.abstain_below)
-                        target_dec, draft_dec = TrunkTarget(trunk, hook), TrunkDraft(trunk, draft.model, hook)
-                    elif draft.source == "self":
-                        draft_kv = [kv_k[j] for j in draft.model.layer_ids]
-                        draft_dec = WindowDecoder(draft.model, enc_k, draft_kv, hook)
+                    if draft.source == "self":
+                        draft_dec = draft.model.window(kv_k, hook)
                     else:
                         td = _clock(device)
                         if shares_encoder:
@@ -951,9 +947,9 @@ def transcribe(
                     params=params, max_new_tokens=max_new, eos_token_ids=[ids.eot], alpha=alpha, beta=beta,
                     backend=backend, vocab_size=vocab,
                 )
-                if trunk is not None:  # abstentions are not proposals: acceptance counts real draft tokens
-                    results.stats.draft_tokens -= trunk.abstained
-                    abstained = trunk.abstained
+                if isinstance(draft_dec, LeanDraft):  # abstentions are not proposals: acceptance counts real ones
+                    results.stats.draft_tokens -= draft_dec.abstained
+                    abstained = draft_dec.abstained
                 for j, r in enumerate(keep):
                     w = batch[r]
                     tokens = [t for t in results.tokens[j] if t != ids.eot]
@@ -1001,7 +997,7 @@ def check_inputs(paths: Sequence[str]) -> list[np.ndarray]:
 
 
 def load_pair(target_spec: str, draft_spec: str, *, mode: str, dtype: str, device: str,
-              head_size: int | None = DEFAULT_HEAD_SIZE, progress: bool = True):
+              head_size: int | None = DEFAULT_HEAD_SIZE, int4: bool = DEFAULT_INT4, progress: bool = True):
     """(target, draft) WhisperModels; draft is None for autoregressive. Vocabularies are checked."""
     from specdec_cli import models
 
@@ -1009,7 +1005,7 @@ def load_pair(target_spec: str, draft_spec: str, *, mode: str, dtype: str, devic
     target = load_whisper(target_spec, role="target", dtype=dtype, device=device, progress=progress)
     if mode == "autoregressive":
         return target, None
-    return target, load_draft(draft_spec, target, head_size=head_size, progress=progress)
+    return target, load_draft(draft_spec, target, head_size=head_size, int4=int4, progress=progress)
 
 
 def joined_librivox(repeats: int = 3) -> tuple[np.ndarray, str] | None:
