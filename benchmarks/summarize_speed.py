@@ -7,6 +7,7 @@ article by article so that machine noise hits them alike:
     exact            specdec, the exact kernel (torch twin on a CPU)
     exact+subset     the same, with the draft's output layer cut to --draft-vocab tokens + the prompt's
     exact+subset+int8   the same, with the draft's weights in int8 (specdec_cli/int8.py): the CLI default
+                        (with --draft-stop 0.4 as well); baseline+subset+int8 likewise
     hf-assisted+int8    transformers' assisted generation with that same int8 draft (full head)
 
 Greedy (the issue's setting), so every contender must print the same tokens: checked, and reported.
@@ -46,6 +47,7 @@ def main():
     ap.add_argument("--draft", default="embedded")
     ap.add_argument("--gamma", type=int, default=5)
     ap.add_argument("--draft-vocab", type=int, default=32768)
+    ap.add_argument("--draft-stop", type=float, default=0.0, help="specdec contenders: decoding.draft's stopping rule")
     ap.add_argument("--max-new-tokens", type=int, default=100)
     ap.add_argument("--articles", type=int, default=0, help="how many example articles (0 = all)")
     ap.add_argument("--contenders", default="autoregressive,hf-assisted,hf-assisted+int8,baseline,exact,exact+subset,exact+subset+int8")
@@ -78,14 +80,14 @@ def main():
             )
             new = out[0, ids.shape[1] :].tolist()
             return new, {}
-        mode = "exact" if name.startswith("exact") else name
+        mode = name.split("+")[0]  # autoregressive | baseline | exact, then what the draft gets
         if "subset" in name:
             restrict_head(d.model, torch.cat([frequent_ids(args.draft_vocab, full_head.weight.shape[0]), ids[0]]))
             if d is draft8:
                 quantize_draft(d)
         got = generate(
             target.model, None if mode == "autoregressive" else d.model, ids, mask, mode=mode, gamma=args.gamma,
-            params=GREEDY, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
+            params=GREEDY, max_new_tokens=args.max_new_tokens, eos_token_ids=eos, draft_stop_below=args.draft_stop,
         )
         d.model.set_output_embeddings(full_head)
         return got.tokens[0], got.stats.to_dict()
