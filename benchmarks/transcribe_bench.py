@@ -8,15 +8,16 @@ Input sets:
 
 Contenders (greedy, so every contender must print the autoregressive transcript: checked and reported):
     autoregressive               the target alone
-    self N=… τ=… γ=…             the self draft: every decoder layer (shared with the target: SharedTrunk),
-                                 its output layer cut to ids [0, N) + EOT, abstaining after a token it gave
-                                 less than τ (τ = 0: never)
-    self … twopass               the same draft run as a separate decoder (the target recomputes the
-                                 layers for γ+1 tokens): what sharing the layers saves
+    self N=… τ=… γ=…             the self draft (transcribe.LeanDraft): every decoder layer of the target, int4
+                                 weights, its output layer cut to ids [0, N) + EOT; a round's drafting ends after
+                                 a token it gave less than τ (--draft-stop; τ = 0: always γ tokens); the target
+                                 (ExactScorer) scores the round's tokens + 1 in one pass
+    self … bf16                  the same draft with the target's bf16 weights (--draft-int4 off): what int4 saves
     self:K …                     the first K layers (+ reduced output layer): what cutting layers costs
 
 Also: each draft's per-token agreement with the target's greedy token under teacher forcing (what greedy
-verification accepts, free of γ and of end-of-text effects), for the first K layers and each N.
+verification accepts, free of γ and of end-of-text effects), for the first K layers and each N (int4), and for
+every layer in bf16.
 
 Times per contender and set: encoder = log-mel features + encoder + cross-attention K/V + the language /
 no-speech probe (once per window, the same for every contender: taken from the autoregressive runs; the
@@ -45,13 +46,13 @@ from pathlib import Path
 import torch
 
 from specdec_cli import transcribe as T
-from specdec_cli.audio import librivox_clips, load_audio
+from specdec_cli.audio import librivox_clips, load_audio, windows
 from specdec_cli.decoding import generate
 from specdec_cli.metrics import wer
 from specdec_cli.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
-DEFAULT_GRID = "8192:0.8:8,16384:0:5,16384:0.5:8,16384:0.8:5,16384:0.8:8,16384:0.8:12,16384:0.9:8,32768:0.8:8"
+DEFAULT_GRID = "8192:0.8:8,16384:0:8,16384:0.5:8,16384:0.8:6,16384:0.8:8,16384:0.8:10,16384:0.8:12,16384:0.9:8,32768:0.8:8"
 
 
 def cpu_name() -> str:
@@ -80,43 +81,37 @@ def espeak_articles(out: Path, chars: int = 600) -> list[str]:
 
 
 def agreement(target: T.WhisperModel, audios, head_sizes) -> list[dict]:
-    """Teacher-forced agreement of each (first K layers, N) draft's greedy token with the target's."""
+    """Teacher-forced agreement of each self draft (first K layers, output layer over N, int4; and every layer
+    in bf16) with the target's greedy token: the draft reads the autoregressive transcript in one pass.
+    audios: ≤ 30 s each."""
     whisper = target.whisper
-    dec = whisper.model.decoder
     ids = T.special_ids(target)
     prompt = T.prompt_ids(ids, "en", "transcribe")
-    n_layers = len(dec.layers)
+    P = len(prompt) - 1
+    n_layers = len(whisper.model.decoder.layers)
     hook = T.Suppressor(target, len(prompt), target.output_size)
-    counts: dict[tuple[int, int | None], int] = {}
-    total = 0
-    W = whisper.proj_out.weight
+    cases = []  # (cross K/V, the tokens read [1, L], their positions, the target's greedy tokens [L − P])
     with torch.inference_mode():
         for audio in audios:
             enc = T.encode(target, T.features(target, [audio]))
-            kv = T.cross_kv(dec.layers, enc)
+            kv = T.cross_kv(whisper.model.decoder.layers, enc)
             res = generate(T.WindowDecoder(whisper, enc, kv, hook), None, torch.tensor([prompt]), mode="autoregressive",
                            params=GREEDY, max_new_tokens=200, eos_token_ids=[ids.eot])
-            toks = torch.tensor(res.tokens[0])
             seq = torch.tensor([prompt + res.tokens[0][:-1]])
-            out = dec(input_ids=seq, encoder_hidden_states=enc, output_hidden_states=True)
-            first = len(prompt) - 1
-            positions = torch.arange(first, seq.shape[1])[None] + 1
-            for k in range(1, n_layers + 1):
-                hidden = out.hidden_states[k][0, first:] if k < n_layers else out.last_hidden_state[0, first:]
-                if k < n_layers:
-                    hidden = dec.layer_norm(hidden)
-                logits = hook(torch.nn.functional.linear(hidden, W)[None].float(), positions)[0]
-                for n in head_sizes:
-                    z = logits
-                    if n is not None and n < z.shape[-1]:
-                        keep = torch.zeros(z.shape[-1], dtype=torch.bool)
-                        keep[:n] = True
-                        keep[ids.eot] = True
-                        z = z.masked_fill(~keep, -float("inf"))
-                    counts[(k, n)] = counts.get((k, n), 0) + int((z.argmax(-1) == toks).sum())
-            total += len(toks)
-    return [{"layers": k, "head_size": n or target.output_size, "agreement": round(c / total, 4), "tokens": total}
-            for (k, n), c in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or 1 << 30))]
+            cases.append((kv, seq, torch.arange(seq.shape[1])[None], torch.tensor(res.tokens[0])))
+        out = []
+        for layers, n, int4 in ([(k, n, True) for k in range(1, n_layers + 1) for n in head_sizes]
+                                + [(n_layers, n, False) for n in head_sizes]):
+            lean, agree = T.self_draft(target, range(layers), n, int4=int4).model, 0
+            for kv, seq, positions, want in cases:
+                d = lean.window(kv, hook)
+                d.prefill(seq[:, :P], None, positions[:, :P])
+                logits = hook(d._call(seq[:, P:], None, positions[:, P:], 0), positions[:, P:] + 1)[0]  # [L − P, V]
+                agree += int((logits.argmax(-1) == want).sum())
+            total = sum(len(c[3]) for c in cases)
+            out.append({"layers": layers, "head_size": n or target.output_size, "int4": int4,
+                        "agreement": round(agree / total, 4), "tokens": total})
+    return out
 
 
 class Timers:
@@ -147,14 +142,14 @@ class Timers:
         T.generate, T.encode = timed_generate, memo_encode
 
 
-def run_one(timers: Timers, target, draft, audio, gamma, mode) -> dict:
+def run_one(timers: Timers, target, draft, audio, gamma, mode, stop) -> dict:
     timers.decoder_cpu = 0.0
     timers.memo_on = mode != "autoregressive"
-    out = T.transcribe(target, draft, ["x"], audios=[audio], mode=mode, gamma=gamma)[0]
+    out = T.transcribe(target, draft, ["x"], audios=[audio], mode=mode, gamma=gamma, draft_stop=stop)[0]
     s = out.stats
     return {"text": out.text, "decoder_s": s.decoder_s, "decoder_cpu_s": timers.decoder_cpu,
             "encoder_s": s.features_s + s.encoder_s + s.cross_kv_s + s.probe_s, "new_tokens": s.new_tokens,
-            "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens, "abstained": s.draft_abstained,
+            "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
             "target_calls": s.target_calls, "draft_calls": s.draft_calls, "draft_s": s.draft_s, "target_s": s.target_s,
             "verify_s": s.verify_s, "prefill_s": s.prefill_s}
 
@@ -162,8 +157,9 @@ def run_one(timers: Timers, target, draft, audio, gamma, mode) -> dict:
 def parse_grid(text: str) -> list[tuple[int, float, int]]:
     out = []
     for cell in text.split(","):
-        n, tau, g = cell.split(":")
-        out.append((int(n), float(tau), int(g)))
+        if cell:
+            n, tau, g = cell.split(":")
+            out.append((int(n), float(tau), int(g)))
     return out
 
 
@@ -174,7 +170,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--repeat", type=int, default=2, help="interleaved passes over every contender")
     ap.add_argument("--grid", default=DEFAULT_GRID, help="self-draft contenders N:τ:γ, comma-separated")
-    ap.add_argument("--twopass", default="16384:0:5", help="N:τ:γ of a self draft also run as a separate decoder")
+    ap.add_argument("--bf16", default="16384:0.8:8", help="N:τ:γ of self drafts also run with bf16 weights (no int4)")
     ap.add_argument("--cut-layers", default="5", help="self:K drafts (first K layers) timed on the short clips")
     ap.add_argument("--long-repeats", type=int, default=3, help="LibriVox clips joined this many times")
     ap.add_argument("--espeak", action="store_true", help="add the 'news' set: the start (600 characters) of each "
@@ -196,24 +192,27 @@ def main():
     grid = parse_grid(args.grid)
 
     print("agreement (teacher forcing) ...", file=sys.stderr, flush=True)
-    agree = agreement(target, sets["short"], sorted({n for n, _, _ in grid}) + [None])
+    agree = agreement(target, sets["short"] + [w.audio for a in sets.get("news", []) for w in windows(a)],
+                      sorted({n for n, _, _ in grid}))
 
-    def self_draft(n, tau, layers=None, share=True):
-        d = T.self_draft(target, layers, n)
-        d.model.abstain_below = tau
-        d.model.share_trunk = share
-        return d
+    drafts = {}  # (N, layers, int4) -> the draft, built once
 
-    contenders = {"autoregressive": (None, 0, "autoregressive", list(sets))}
+    def self_draft(n, layers=None, int4=True):
+        key = (n, layers, int4)
+        if key not in drafts:
+            drafts[key] = T.self_draft(target, layers, n, int4=int4)
+        return drafts[key]
+
+    # name -> (draft, γ, mode, sets, τ)
+    contenders = {"autoregressive": (None, 0, "autoregressive", list(sets), 0.0)}
     for n, tau, g in grid:
-        contenders[f"self N={n} τ={tau:g} γ={g}"] = (self_draft(n, tau), g, "exact", list(sets))
-    if args.twopass:
-        n, tau, g = parse_grid(args.twopass)[0]
-        contenders[f"self N={n} γ={g} twopass"] = (self_draft(n, tau, share=False), g, "exact", list(sets))
+        contenders[f"self N={n} τ={tau:g} γ={g}"] = (self_draft(n), g, "exact", list(sets), tau)
+    for n, tau, g in parse_grid(args.bf16):
+        contenders[f"self N={n} τ={tau:g} γ={g} bf16"] = (self_draft(n, int4=False), g, "exact", list(sets), tau)
     for k in [int(x) for x in args.cut_layers.split(",") if x]:
         if 1 <= k < n_layers:
-            n, g = T.DEFAULT_HEAD_SIZE, T.DEFAULT_GAMMA
-            contenders[f"self:{k} N={n} γ={g}"] = (self_draft(n, 0.0, range(k)), g, "exact", ["short"])
+            n, tau, g = T.DEFAULT_HEAD_SIZE, T.DEFAULT_DRAFT_STOP, T.DEFAULT_GAMMA
+            contenders[f"self:{k} N={n} τ={tau:g} γ={g}"] = (self_draft(n, range(k)), g, "exact", ["short"], tau)
 
     timers = Timers()
     names = list(contenders)
@@ -224,9 +223,9 @@ def main():
                 shift = (rep * 7 + i) % len(names)  # rotate: no contender always first or last
                 print(f"pass {rep + 1}/{args.repeat}: {s} {i + 1}/{len(audios)}", file=sys.stderr, flush=True)
                 for c in ["autoregressive"] + [x for x in names[shift:] + names[:shift] if x != "autoregressive"]:
-                    draft, g, mode, where = contenders[c]
+                    draft, g, mode, where, tau = contenders[c]
                     if s in where:
-                        runs[c][s][rep][i] = run_one(timers, target, draft, audio, g, mode)
+                        runs[c][s][rep][i] = run_one(timers, target, draft, audio, g, mode, tau)
 
     ar = runs["autoregressive"]
     results = []
@@ -250,9 +249,13 @@ def main():
                 "decoder_s_per_pass": [round(tot("decoder_s", p), 3) for p in passes],
                 "new_tokens": new,
                 "decoder_ms_per_token": round(1e3 * med["decoder_s"] / new, 2),
+                # where the time goes: a draft step that ran the layers, a target call (γ+1 tokens or one)
+                "draft_ms_per_step": (round(1e3 * med["draft_s"] / tot("draft_calls", first), 2)
+                                      if tot("draft_calls", first) else None),
+                "target_ms_per_call": round(1e3 * med["target_s"] / tot("target_calls", first), 2),
                 "decoder_cpu_ms_per_token": round(1e3 * med["decoder_cpu_s"] / new, 2),
                 "acceptance_rate": round(acc / drafted, 4) if drafted else None,
-                "draft_tokens": drafted, "abstained": tot("abstained", first),
+                "draft_tokens": drafted,
                 "target_calls": tot("target_calls", first), "draft_calls": tot("draft_calls", first),
                 "decoder_speedup": round(statistics.median(tot("decoder_s", a) / tot("decoder_s", p)
                                                            for a, p in zip(ar[s], passes)), 3),
@@ -264,11 +267,14 @@ def main():
             }
         results.append(row)
 
-    fused = [r for r in results if r["contender"].startswith("self N=") and "twopass" not in r["contender"]]
+    fused = [r for r in results if r["contender"].startswith("self N=") and "bf16" not in r["contender"]]
     best = max(fused, key=lambda r: sum(r[s]["decoder_cpu_speedup"] for s in sets)) if fused else None
     report = {
         "what": "specdec transcribe: Whisper decoder time, autoregressive vs exact (self draft), greedy",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 cwd=Path(__file__).resolve().parent).stdout.strip() or None,
+        "date": time.strftime("%Y-%m-%d"),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": args.threads,
                     "torch": torch.__version__, "python": platform.python_version(),
                     "load_average_at_end": os.getloadavg()},
@@ -278,8 +284,8 @@ def main():
                            f"({len(long_audio) / 16000:.1f} s)",
                    "news": "examples/articles/*.txt (first 600 characters) read by espeak-ng" if args.espeak else None,
                    "seconds": {s: round(sum(len(a) for a in v) / 16000, 1) for s, v in sets.items()}},
-        "defaults": {"draft": "self (every decoder layer, shared with the target)", "head_size": T.DEFAULT_HEAD_SIZE,
-                     "abstain_below": T.DEFAULT_ABSTAIN, "gamma": T.DEFAULT_GAMMA},
+        "defaults": {"draft": "self (LeanDraft: every decoder layer of the target, int4)", "int4": T.DEFAULT_INT4,
+                     "head_size": T.DEFAULT_HEAD_SIZE, "draft_stop": T.DEFAULT_DRAFT_STOP, "gamma": T.DEFAULT_GAMMA},
         "agreement": agree,
         "results": results,
         "best_by_cpu_time": None if best is None else {"contender": best["contender"],
@@ -296,7 +302,7 @@ def summary(report: dict) -> str:
              f"decoder time, × = autoregressive / contender (wall | CPU), acc = acceptance rate"]
     sets = [s for s in ("short", "long", "news") if s in report["results"][0]]
     lines.append(f"{'contender':30}" + "".join(f" | {s + ' dec s':>11} {'×wall':>5} {'×cpu':>5} {'acc':>4}" for s in sets)
-                 + " | same")
+                 + " | same | ms/draft step, ms/target call (long)")
     for r in report["results"]:
         cells = ""
         for s in sets:
@@ -307,13 +313,15 @@ def summary(report: dict) -> str:
             acc = "-" if x["acceptance_rate"] is None else f"{x['acceptance_rate']:.2f}"
             cells += f" | {x['decoder_s']:11.2f} {x['decoder_speedup']:5.2f} {x['decoder_cpu_speedup']:5.2f} {acc:>4}"
         same = all(r[s]["same_text_as_autoregressive"] for s in sets if s in r)
-        lines.append(f"{r['contender']:30}{cells} | {same}")
+        x = r.get("long") or r["short"]
+        lines.append(f"{r['contender']:30}{cells} | {same!s:4} | {x['draft_ms_per_step'] or 0:.1f}, {x['target_ms_per_call']:.1f}")
     ar = report["results"][0]
     lines.append("encoder s (once per window, every contender): " + ", ".join(f"{s} {ar[s]['encoder_s']:.2f}" for s in sets))
-    lines.append("agreement with the target's greedy token (teacher forcing, short clips):")
+    lines.append(f"agreement with the target's greedy token (teacher forcing, {report['agreement'][0]['tokens']} tokens "
+                 "of the short clips and the news):")
     by_k: dict[int, list[str]] = {}
     for a in report["agreement"]:
-        by_k.setdefault(a["layers"], []).append(f"N={a['head_size']}: {a['agreement']:.3f}")
+        by_k.setdefault(a["layers"], []).append(f"N={a['head_size']}{'' if a['int4'] else ' bf16'}: {a['agreement']:.3f}")
     for k, cells in by_k.items():
         lines.append(f"  first {k} layers: " + ", ".join(cells))
     if report["best_by_cpu_time"]:

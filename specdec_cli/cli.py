@@ -307,7 +307,7 @@ def transcribe(
     target: Annotated[str, typer.Option(help="Whisper target: `embedded` (Whisper base), `embedded:tiny.en`, a Hugging Face id, or a local directory.")] = "embedded",
     draft: Annotated[str, typer.Option(help="`self` (the target's own decoder weights, int4, with a reduced output layer, in a lean decoding step), `self:K` (its first K layers), or another Whisper model with the same vocabulary.")] = "self",
     mode: Mode = "exact",
-    gamma: Gamma = 8,  # transcribe.DEFAULT_GAMMA: measured (benchmarks/transcribe-cpu.json)
+    gamma: Gamma = 10,  # transcribe.DEFAULT_GAMMA: measured (benchmarks/transcribe-cpu.json)
     gamma_schedule: GammaSchedule = "constant",
     temperature: Temperature = 0.0,
     top_k: TopK = 0,

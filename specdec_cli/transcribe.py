@@ -58,24 +58,29 @@ NO_SPEECH_THRESHOLD = 0.6  # P(<|nospeech|>) at <|startoftranscript|> above this
 TASKS = ("transcribe", "translate")
 
 # The default self draft, chosen by measurement (benchmarks/transcribe_bench.py → benchmarks/transcribe-cpu.json;
-# Whisper base, bf16, one torch thread of a shared 2-core Xeon; decoder time, runs interleaved input by input):
-# - every decoder layer (K = 6): the first K layers agree with the target's greedy token on 3 % (K=1), 0 % (2),
-#   2 % (3), 27 % (4), 42 % (5) of the LibriVox tokens (teacher forcing); self:5 runs at 0.24× autoregressive.
-# - output layer over ids [0, N) + EOT: agreement 90 % (N = 8192), 94 % (16384), 99 % (32768) on LibriVox;
-#   77 %, 89 %, 97 % of the proposals on news read by espeak-ng. An autoregressive step costs ~21.5 ms: ~15 ms of
-#   layers (70 %) and ~6.5 ms of output layer; a draft step pays the layers and 1–4 ms of output layer.
-# - abstaining after a token given < τ (the round's later steps skip the layers and are rejected), γ: decoder
-#   time, autoregressive / exact, LibriVox short | long (74 s) | news (espeak-ng, 272 s):
-#     N = 8192  τ=0.8 γ=8: 1.05 | 1.17 | 0.99      N = 16384 τ=0   γ=5: 1.05 | 1.02 | 0.91
-#     N = 16384 τ=0.8 γ=8: 1.07 | 1.13 | 1.00      N = 16384 τ=0.5 γ=8: 1.05 | 1.08 | 0.95
-#     N = 16384 τ=0.8 γ=5: 1.07 | 1.08 | 1.00      N = 16384 τ=0.8 γ=12: 1.07 | 1.13 | 0.99
-#     N = 32768 τ=0.8 γ=8: 0.99 | 1.03 | 0.94      two decoders (layers not shared), N=16384 γ=8: 0.73 | 0.90 | 0.72
-# 16384 over 8192: as fast within noise on the short clips and the news, and half as exposed to rare words.
-# The ceiling: with a free, always-right draft output layer a token still costs its ~15 ms of layers (~1.4×).
+# Whisper base, bf16, one torch thread of a shared 2-core Xeon; decoder time, runs interleaved input by input;
+# sets: LibriVox short clips (25 s) | the clips joined (74 s) | news read by espeak-ng (272 s)):
+# - where a token's time goes: an autoregressive step is ~21.5 ms (transformers' layers ~13.5 ms, the 51 865-row
+#   output layer ~7.5 ms), nearly all of it in torch's bf16 GEMV kernels (~5 GB/s), not in Python or per-op
+#   overhead: the same step hand-written (LeanDraft) with bf16 weights costs 14.2 ms with a 16 384-row output
+#   layer (exact at 0.99 | 1.13 | 1.05×), with int4 weights 6.2 ms (DEFAULT_INT4). The target's pass over a
+#   round's tokens (ExactScorer) costs ~28–34 ms: one pass reads the weights once for ~7 tokens.
+# - every decoder layer (K = 6): the first K layers agree with the target's greedy token on 5 % (K=1), 0 % (2),
+#   2 % (3), 19 % (4), 34 % (5) of 906 tokens (short clips + news, teacher forcing); self:5 runs at 0.78×.
+# - output layer over ids [0, N) + EOT, int4 (bf16): agreement 79 % (81 %) for N = 8192, 87 % (90 %) for 16384,
+#   94 % (97 %) for 32768. Int4 costs ~3 points of agreement on the news, none on LibriVox (94 %).
+# - draft_stop τ (end a round after a draft token given < τ) and γ, autoregressive / exact decoder time:
+#     N = 16384 τ=0   γ=8: 1.41 | 1.67 | 1.24      N = 16384 τ=0.5 γ=8: 1.52 | 1.75 | 1.48
+#     N = 16384 τ=0.8 γ=6: 1.59 | 1.75 | 1.45      N = 16384 τ=0.9 γ=8: 1.53 | 1.71 | 1.38
+#     N = 16384 τ=0.8 γ=8: 1.56 | 1.93 | 1.45      N = 8192  τ=0.8 γ=8: 1.54 | 1.78 | 1.34
+#     N = 16384 τ=0.8 γ=10: 1.60 | 1.96 | 1.47     N = 32768 τ=0.8 γ=8: 1.60 | 1.78 | 1.50
+#     N = 16384 τ=0.8 γ=12: 1.56 | 1.93 | 1.49     bf16 weights, N = 16384 τ=0.8 γ=8: 0.99 | 1.13 | 1.05
+# γ 8–12 are within 2 % of each other (τ = 0.8 ends most rounds first); 10 was ahead in every set. 16384 over
+# 32768: faster on the long recording, 3 % slower on the news; 8192 drops too many rare words.
 DEFAULT_HEAD_SIZE = 16384
-DEFAULT_GAMMA = 8
-DEFAULT_ABSTAIN = 0.8
-DEFAULT_INT4 = True  # the self draft's weights in int4 on a CPU: a step 5.9 ms against 14.4 ms in bf16, agreement 0.936 both
+DEFAULT_GAMMA = 10
+DEFAULT_DRAFT_STOP = 0.8
+DEFAULT_INT4 = True
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,14 +272,10 @@ class LeanDraft(Decoder):
                     x += fc2(gelu(fc1(LN3(x))))
         logits = LN(x)·Wheadᵀ
 
-    Built once per loaded target; `window(kv, hook)` gives a copy for one window (weights shared, empty cache).
-
-    Abstaining (one row at a time, B = 1): once it has proposed <|endoftext|>, or a token it gave less than
-    `abstain_below` probability, the draft's remaining steps of the round skip the layers and propose `dummy`,
-    a token the target suppresses, which verification therefore always rejects: the round ends there."""
+    Built once per loaded target; `window(kv, hook)` gives a copy for one window (weights shared, empty cache)."""
 
     def __init__(self, whisper, layers: Sequence[int], head_size: int | None, extra_ids: Sequence[int] = (), *,
-                 int4: bool = True, eot: int | None = None, dummy: int | None = None):
+                 int4: bool = True):
         from transformers.activations import ACT2FN
 
         super().__init__(whisper)
@@ -326,12 +327,8 @@ class LeanDraft(Decoder):
             ids = sorted(set(range(head_size + pad)) | set(extra))
             self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
             self.head = lin(weight.index_select(0, self.keep))  # [N', d]
-        self.eot, self.dummy = eot, dummy
-        self.abstain_below = DEFAULT_ABSTAIN
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.keys = self.values = None
-        self.abstaining = False
-        self.abstained = 0  # draft steps that proposed the dummy (stats)
 
     @property
     def head_rows(self) -> int:
@@ -343,7 +340,6 @@ class LeanDraft(Decoder):
         draft = copy.copy(self)
         draft.kv = [kv[i] for i in self.layer_ids]
         draft.logits_hook = hook
-        draft.abstained = 0
         draft.reset()
         return draft
 
@@ -353,7 +349,6 @@ class LeanDraft(Decoder):
         self.keys = k.new_empty(shape)
         self.values = k.new_empty(shape)
         self.length = 0
-        self.abstaining = False
 
     def _grow(self, slots: int) -> None:
         have = self.keys.shape[3]
@@ -403,20 +398,6 @@ class LeanDraft(Decoder):
         logits = z.new_full((*z.shape[:-1], self.vocab), -math.inf)  # [B, T', V]
         return logits.index_copy_(-1, self.keep, z)
 
-    def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
-        B, T = tokens.shape
-        if B == 1 and self.dummy is not None and (self.abstaining or int(tokens[0, -1]) == self.eot):
-            self.abstaining = True  # the round is over for the draft: propose the dummy, feed nothing
-            self.abstained += 1
-            logits = torch.full((1, keep or T, self.vocab), -math.inf, dtype=self.keys.dtype, device=tokens.device)
-            logits[..., self.dummy] = 0.0
-            return logits
-        logits = super().forward(tokens, mask, positions, keep)  # [B, T', V], hooked; the cache grows by T
-        if B == 1 and self.dummy is not None and self.abstain_below > 0:
-            top = logits[0, -1].float().softmax(-1).max()
-            self.abstaining = bool(top < self.abstain_below)  # propose this token, then stop drafting
-        return logits
-
     def prefill(self, tokens, mask, positions) -> None:
         self.reset()
         self._layers(tokens, mask, positions)  # no output layer: the prompt's logits are never read
@@ -424,7 +405,6 @@ class LeanDraft(Decoder):
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
-        self.abstaining = False
 
     def select(self, rows: torch.Tensor) -> None:
         self.keys, self.values = self.keys.index_select(1, rows), self.values.index_select(1, rows)
@@ -471,7 +451,7 @@ def self_draft(target: WhisperModel, layers: Sequence[int] | None = None,
     n = len(whisper.model.decoder.layers)
     layers = tuple(range(n)) if layers is None else tuple(layers)
     ids = special_ids(target)
-    module = LeanDraft(whisper, layers, head_size, extra_ids=[ids.eot], int4=int4, eot=ids.eot, dummy=ids.sot)
+    module = LeanDraft(whisper, layers, head_size, extra_ids=[ids.eot], int4=int4)
     head = "full output layer" if module.keep is None else f"output layer over {module.head_rows} of {module.vocab} tokens"
     head += ", int4" if module.int4 else ""
     spec = "self" if layers == tuple(range(n)) else f"self:{','.join(map(str, layers))}"
@@ -774,7 +754,6 @@ class TranscribeStats(GenerationStats):
     cross_kv_s: float = 0.0  # cross-attention K/V of every decoder layer, once per window
     probe_s: float = 0.0  # the language / no-speech step
     decoder_s: float = 0.0  # = wall_s: the decoding loops (prefill included)
-    draft_abstained: int = 0  # draft steps that proposed nothing (after an EOS or an unsure token; not in draft_tokens)
     total_s: float = 0.0  # everything above, per input
     finish_reasons: list[str] = field(default_factory=list)  # per decoded window
 
@@ -851,10 +830,13 @@ def transcribe(
     beta: float = 1e4,
     backend: str = "auto",
     no_speech_threshold: float = NO_SPEECH_THRESHOLD,
+    draft_stop: float = DEFAULT_DRAFT_STOP,
     on_window=None,
 ) -> list[Transcript]:
     """Transcripts of `inputs` (paths, read with load_audio unless `audios` gives the 16 kHz samples),
-    in input order. draft: None for mode autoregressive. on_window(done, total) after each batch."""
+    in input order. draft: None for mode autoregressive. draft_stop: a round's drafting ends once the draft
+    gives its token less than this probability (decoding.draft; 0: always γ). on_window(done, total) after
+    each batch."""
     if batch_size < 1:
         raise SpecdecError(f"--batch-size must be at least 1 (got {batch_size})")
     if max_new_tokens < 1:
@@ -921,7 +903,6 @@ def transcribe(
                 keep.append(r)
             t_draft_enc = 0.0
             results = None
-            abstained = 0
             if keep:
                 rows = torch.tensor(keep, device=device)
                 enc_k = encoded.index_select(0, rows)
@@ -945,11 +926,8 @@ def transcribe(
                 results = generate(
                     target_dec, draft_dec, prompts, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule,
                     params=params, max_new_tokens=max_new, eos_token_ids=[ids.eot], alpha=alpha, beta=beta,
-                    backend=backend, vocab_size=vocab,
+                    backend=backend, vocab_size=vocab, draft_stop_below=draft_stop,
                 )
-                if isinstance(draft_dec, LeanDraft):  # abstentions are not proposals: acceptance counts real ones
-                    results.stats.draft_tokens -= draft_dec.abstained
-                    abstained = draft_dec.abstained
                 for j, r in enumerate(keep):
                     w = batch[r]
                     tokens = [t for t in results.tokens[j] if t != ids.eot]
@@ -965,7 +943,6 @@ def transcribe(
                 s.total_s += t5 - t0
                 if results is not None:
                     merge_stats([results.stats], s)
-                    s.draft_abstained += abstained
                 s.finish_reasons.extend(batch[r].finish for r in range(len(batch)) if batch[r].input == i)
             if on_window:
                 on_window(min(start + batch_size, len(todo)), len(todo))
@@ -1031,7 +1008,8 @@ def bench_runner(config, progress) -> list:
     the decoding loops' time (the encoder, the same for every contender, is left out: see
     benchmarks/transcribe_bench.py for both).
 
-    options: target ("embedded"), draft ("self"), draft_vocab (DEFAULT_HEAD_SIZE; 0 = full), temperature (0),
+    options: target ("embedded"), draft ("self"), draft_vocab (DEFAULT_HEAD_SIZE; 0 = full), draft_int4
+    (DEFAULT_INT4), draft_stop (DEFAULT_DRAFT_STOP), temperature (0),
     language ("auto"), max_new_tokens (224), data / inputs / references / limit (task_inputs).
     config.dtype is the models' dtype."""
     from specdec_cli import bench
@@ -1042,7 +1020,11 @@ def bench_runner(config, progress) -> list:
     target = load_whisper(opts.get("target") or "embedded", dtype=config.dtype, device=config.device, progress=False)
     head = opts.get("draft_vocab")
     head = DEFAULT_HEAD_SIZE if head is None else (head or None)
-    draft = load_draft(opts.get("draft") or "self", target, head_size=head, progress=False)
+    int4 = opts.get("draft_int4")
+    draft = load_draft(opts.get("draft") or "self", target, head_size=head,
+                       int4=DEFAULT_INT4 if int4 is None else bool(int4), progress=False)
+    stop = opts.get("draft_stop")
+    stop = DEFAULT_DRAFT_STOP if stop is None else float(stop)
     params = SamplingParams(temperature=float(opts.get("temperature") or 0.0), seed=config.seed)
     language = opts.get("language", "auto")
     max_new = int(opts.get("max_new_tokens") or 224)
@@ -1052,7 +1034,7 @@ def bench_runner(config, progress) -> list:
                          audios=audios[:1] if short else audios, mode=mode, gamma=max(gamma, 1), params=params,
                          max_new_tokens=min(max_new, bench.WARMUP_TOKENS) if short else max_new,
                          batch_size=config.batch, language=language, alpha=config.alpha, beta=config.beta,
-                         backend=config.backend)
+                         backend=config.backend, draft_stop=stop)
         stats = merge_stats([t.stats for t in out], TranscribeStats(mode, gamma, "constant", config.batch)).finish()
         return [t.text for t in out], stats
 
