@@ -61,22 +61,22 @@ TASKS = ("transcribe", "translate")
 # Whisper base, bf16, one torch thread of a shared 2-core Xeon; decoder time, runs interleaved input by input;
 # sets: LibriVox short clips (25 s) | the clips joined (74 s) | news read by espeak-ng (272 s)):
 # - where a token's time goes: an autoregressive step is ~21.5 ms (transformers' layers ~13.5 ms, the 51 865-row
-#   output layer ~7.5 ms), nearly all of it in torch's bf16 GEMV kernels (~5 GB/s), not in Python or per-op
-#   overhead: the same step hand-written (LeanDraft) with bf16 weights costs 14.2 ms with a 16 384-row output
-#   layer (exact at 0.99 | 1.13 | 1.05×), with int4 weights 6.2 ms (DEFAULT_INT4). The target's pass over a
-#   round's tokens (ExactScorer) costs ~28–34 ms: one pass reads the weights once for ~7 tokens.
+#   output layer ~7.5 ms), ~80 % of it inside torch's bf16 GEMV kernels (~5 GB/s), ~11 % in attention, little in
+#   Python or per-op overhead: the same step hand-written (LeanDraft) with bf16 weights and a 16 384-row output
+#   layer costs 14.3 ms (exact then runs at 0.99 | 1.13 | 1.02×); with int4 weights 6.3 ms (DEFAULT_INT4). The
+#   target's pass over a round's tokens (ExactScorer) costs 27–35 ms: the weights are read once for ~7 tokens.
 # - every decoder layer (K = 6): the first K layers agree with the target's greedy token on 5 % (K=1), 0 % (2),
-#   2 % (3), 19 % (4), 34 % (5) of 906 tokens (short clips + news, teacher forcing); self:5 runs at 0.78×.
+#   2 % (3), 19 % (4), 34 % (5) of 906 tokens (short clips + news, teacher forcing); self:5 runs at 0.82×.
 # - output layer over ids [0, N) + EOT, int4 (bf16): agreement 79 % (81 %) for N = 8192, 87 % (90 %) for 16384,
 #   94 % (97 %) for 32768. Int4 costs ~3 points of agreement on the news, none on LibriVox (94 %).
 # - draft_stop τ (end a round after a draft token given < τ) and γ, autoregressive / exact decoder time:
-#     N = 16384 τ=0   γ=8: 1.41 | 1.67 | 1.24      N = 16384 τ=0.5 γ=8: 1.52 | 1.75 | 1.48
-#     N = 16384 τ=0.8 γ=6: 1.59 | 1.75 | 1.45      N = 16384 τ=0.9 γ=8: 1.53 | 1.71 | 1.38
-#     N = 16384 τ=0.8 γ=8: 1.56 | 1.93 | 1.45      N = 8192  τ=0.8 γ=8: 1.54 | 1.78 | 1.34
-#     N = 16384 τ=0.8 γ=10: 1.60 | 1.96 | 1.47     N = 32768 τ=0.8 γ=8: 1.60 | 1.78 | 1.50
-#     N = 16384 τ=0.8 γ=12: 1.56 | 1.93 | 1.49     bf16 weights, N = 16384 τ=0.8 γ=8: 0.99 | 1.13 | 1.05
-# γ 8–12 are within 2 % of each other (τ = 0.8 ends most rounds first); 10 was ahead in every set. 16384 over
-# 32768: faster on the long recording, 3 % slower on the news; 8192 drops too many rare words.
+#     N = 16384 τ=0   γ=8: 1.36 | 1.67 | 1.23      N = 16384 τ=0.5 γ=8: 1.49 | 1.75 | 1.45
+#     N = 16384 τ=0.8 γ=6: 1.56 | 1.76 | 1.44      N = 16384 τ=0.9 γ=8: 1.55 | 1.68 | 1.38
+#     N = 16384 τ=0.8 γ=8: 1.53 | 1.94 | 1.44      N = 8192  τ=0.8 γ=8: 1.53 | 1.77 | 1.31
+#     N = 16384 τ=0.8 γ=10: 1.58 | 1.91 | 1.47     N = 32768 τ=0.8 γ=8: 1.59 | 1.76 | 1.48
+#     N = 16384 τ=0.8 γ=12: 1.56 | 1.87 | 1.48     bf16 weights, N = 16384 τ=0.8 γ=8: 0.99 | 1.13 | 1.02
+# γ 8–12 lie within 3 % of each other (τ = 0.8 ends most rounds first); 10 was best over the three sets in both
+# runs. 16384 over 32768: faster on the long recording, as fast elsewhere; 8192 misses too many rare words.
 DEFAULT_HEAD_SIZE = 16384
 DEFAULT_GAMMA = 10
 DEFAULT_DRAFT_STOP = 0.8
