@@ -211,6 +211,13 @@ Backend = Annotated[str, typer.Option(help="Kernel backend for exact/sigmoid: au
 MODES = ("autoregressive", "baseline", "exact", "sigmoid")
 
 
+def check_draft_options(draft_vocab: int, draft_stop: float):
+    if draft_vocab < 0:
+        raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {draft_vocab})")
+    if not 0.0 <= draft_stop < 1.0:
+        raise SpecdecError(f"--draft-stop must be in [0, 1) (got {draft_stop})")
+
+
 def check_decoding_options(mode: str, gamma: int, max_new_tokens: int, batch_size: int, backend: str, gamma_schedule: str):
     from specdec_cli import sampling  # noqa: F401 - SamplingParams validates the sampling options
 
@@ -284,10 +291,7 @@ def summarize(
     from specdec_cli.sampling import SamplingParams
 
     check_decoding_options(mode, gamma, max_new_tokens, batch_size, backend, gamma_schedule)
-    if draft_vocab < 0:
-        raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {draft_vocab})")
-    if not 0.0 <= draft_stop < 1.0:
-        raise SpecdecError(f"--draft-stop must be in [0, 1) (got {draft_stop})")
+    check_draft_options(draft_vocab, draft_stop)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     inputs = [task.read_article(a) for a in articles]  # every input is checked before models load
     tgt, drf = task.load_pair(target, draft, mode=mode, dtype=dtype, device=device, progress=not as_json)
@@ -344,12 +348,9 @@ def transcribe(
     from specdec_cli.sampling import SamplingParams
 
     check_decoding_options(mode, gamma, max_new_tokens, batch_size, backend, gamma_schedule)
-    if draft_vocab < 0:
-        raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {draft_vocab})")
+    check_draft_options(draft_vocab, draft_stop)
     if task_name not in tx.TASKS:
         raise SpecdecError(f"--task must be transcribe or translate (got {task_name!r})")
-    if not 0.0 <= draft_stop < 1.0:
-        raise SpecdecError(f"--draft-stop must be in [0, 1) (got {draft_stop})")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     audios = tx.check_inputs(audio)  # every input is read before models load
     tgt, drf = tx.load_pair(target, draft, mode=mode, dtype=dtype, device=device, head_size=draft_vocab or None,
