@@ -6,7 +6,7 @@ article by article so that machine noise hits them alike:
     baseline         specdec, transformers-style verification
     exact            specdec, the exact kernel (torch twin on a CPU)
     exact+subset     the same, with the draft's output layer cut to --draft-vocab tokens + the prompt's
-    exact+subset+int8   the same, with the draft's weights in int8 (specdec_cli/int8.py): the CLI default
+    exact+subset+int8   the same, with the draft's weights in int8 (specdec_cli/drafts/int8.py): the CLI default
                         (with --draft-stop 0.4 as well); baseline+subset+int8 likewise
     hf-assisted+int8    transformers' assisted generation with that same int8 draft (full head)
 
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from specdec_cli import summarize as task
-from specdec_cli.decoding import generate
-from specdec_cli.draft_head import frequent_ids, restrict_head
-from specdec_cli.int8 import quantize_draft
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.decoding import SamplingParams, generate
+from specdec_cli.drafts.int8 import quantize_draft
+from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
+from specdec_cli.options import SummarizeOptions
+from specdec_cli.tasks import summarize as task
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -57,7 +57,8 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    target, draft = task.load_pair(args.target, args.draft, mode="exact", dtype="auto", device="cpu")
+    pair = SummarizeOptions(target=args.target, draft=args.draft, device="cpu")
+    target, draft = task.load_pair(pair)
     paths = sorted(p for p in Path("examples/articles").glob("*.txt") if not p.name.endswith(".ref.txt"))
     if args.articles:
         paths = paths[: args.articles]
@@ -67,7 +68,7 @@ def main():
     contenders = args.contenders.split(",")
     draft8 = None
     if any(c.endswith("int8") for c in contenders):  # a second copy of the draft, with int8 weights
-        _, draft8 = task.load_pair(args.target, args.draft, mode="exact", dtype="auto", device="cpu")
+        _, draft8 = task.load_pair(pair)
         quantize_draft(draft8)
 
     def run(name, ids, mask):

@@ -8,7 +8,7 @@ Input sets:
 
 Contenders (greedy, so every contender must print the autoregressive transcript: checked and reported):
     autoregressive               the target alone
-    self N=… τ=… γ=…             the self draft (transcribe.LeanDraft): every decoder layer of the target, int4
+    self N=… τ=… γ=…             the self draft (drafts/lean_whisper.LeanDraft): every decoder layer of the target, int4
                                  weights, its output layer cut to ids [0, N) + EOT; a round's drafting ends after
                                  a token it gave less than τ (--draft-stop; τ = 0: always γ tokens); the target
                                  (ExactScorer) scores the round's tokens + 1 in one pass
@@ -45,13 +45,18 @@ from pathlib import Path
 
 import torch
 
-from specdec_cli import transcribe as T
-from specdec_cli.audio import librivox_clips, load_audio, windows
-from specdec_cli.decoding import generate
-from specdec_cli.metrics import wer
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.bench.metrics import wer
+from specdec_cli.decoding import SamplingParams, generate
+from specdec_cli.drafts import lean_whisper
+from specdec_cli.models import LoadedModel
+from specdec_cli.models.whisper import decoder_layers, load_whisper, prompt_ids, special_ids
+from specdec_cli.options import TranscribeOptions
+from specdec_cli.tasks import transcribe as T
+from specdec_cli.tasks.audio import librivox_clips, load_audio, windows
+from specdec_cli.tasks.whisper_scoring import Suppressor, WindowDecoder, cross_kv
 
 GREEDY = SamplingParams(temperature=0.0)
+DEFAULTS = TranscribeOptions()
 DEFAULT_GRID = "8192:0.8:8,16384:0:8,16384:0.5:8,16384:0.8:6,16384:0.8:8,16384:0.8:10,16384:0.8:12,16384:0.9:8,32768:0.8:8"
 
 
@@ -80,29 +85,29 @@ def espeak_articles(out: Path, chars: int = 600) -> list[str]:
     return paths
 
 
-def agreement(target: T.WhisperModel, audios, head_sizes) -> list[dict]:
+def agreement(target: LoadedModel, audios, head_sizes) -> list[dict]:
     """Teacher-forced agreement of each self draft (first K layers, output layer over N, int4; and every layer
     in bf16) with the target's greedy token: the draft reads the autoregressive transcript in one pass.
     audios: ≤ 30 s each."""
-    whisper = target.whisper
-    ids = T.special_ids(target)
-    prompt = T.prompt_ids(ids, "en", "transcribe")
+    whisper = target.model
+    ids = special_ids(target)
+    prompt = prompt_ids(ids, "en", "transcribe")
     P = len(prompt) - 1
-    n_layers = len(whisper.model.decoder.layers)
-    hook = T.Suppressor(target, len(prompt), target.output_size)
+    n_layers = len(decoder_layers(target))
+    hook = Suppressor(target, len(prompt), target.output_size)
     cases = []  # (cross K/V, the tokens read [1, L], their positions, the target's greedy tokens [L − P])
     with torch.inference_mode():
         for audio in audios:
             enc = T.encode(target, T.features(target, [audio]))
-            kv = T.cross_kv(whisper.model.decoder.layers, enc)
-            res = generate(T.WindowDecoder(whisper, enc, kv, hook), None, torch.tensor([prompt]), mode="autoregressive",
+            kv = cross_kv(decoder_layers(target), enc)
+            res = generate(WindowDecoder(whisper, enc, kv, hook), None, torch.tensor([prompt]), mode="autoregressive",
                            params=GREEDY, max_new_tokens=200, eos_token_ids=[ids.eot])
             seq = torch.tensor([prompt + res.tokens[0][:-1]])
             cases.append((kv, seq, torch.arange(seq.shape[1])[None], torch.tensor(res.tokens[0])))
         out = []
         for layers, n, int4 in ([(k, n, True) for k in range(1, n_layers + 1) for n in head_sizes]
                                 + [(n_layers, n, False) for n in head_sizes]):
-            lean, agree = T.self_draft(target, range(layers), n, int4=int4).model, 0
+            lean, agree = lean_whisper.self_draft(target, f"self:{layers}", n, int4), 0
             for kv, seq, positions, want in cases:
                 d = lean.window(kv, hook)
                 d.prefill(seq[:, :P], None, positions[:, :P])
@@ -182,8 +187,8 @@ def main():
     clips = librivox_clips()
     if not clips:
         sys.exit("needs Debian's pocketsphinx-testdata (the LibriVox clips)")
-    target = T.load_whisper(args.target, dtype=args.dtype, device="cpu", progress=False)
-    n_layers = len(target.whisper.model.decoder.layers)
+    target = load_whisper(args.target, dtype=args.dtype, device="cpu", progress=False)
+    n_layers = len(decoder_layers(target))
     refs = [r for _, r in clips]
     long_audio, long_ref = T.joined_librivox(args.long_repeats)
     sets = {"short": [load_audio(w) for w, _ in clips], "long": [long_audio]}
@@ -200,7 +205,8 @@ def main():
     def self_draft(n, layers=None, int4=True):
         key = (n, layers, int4)
         if key not in drafts:
-            drafts[key] = T.self_draft(target, layers, n, int4=int4)
+            spec = "self" if layers is None else "self:" + ",".join(map(str, layers))
+            drafts[key] = lean_whisper.self_draft(target, spec, n, int4)
         return drafts[key]
 
     # name -> (draft, γ, mode, sets, τ)
@@ -211,7 +217,7 @@ def main():
         contenders[f"self N={n} τ={tau:g} γ={g} bf16"] = (self_draft(n, int4=False), g, "exact", list(sets), tau)
     for k in [int(x) for x in args.cut_layers.split(",") if x]:
         if 1 <= k < n_layers:
-            n, tau, g = T.DEFAULT_HEAD_SIZE, T.DEFAULT_DRAFT_STOP, T.DEFAULT_GAMMA
+            n, tau, g = DEFAULTS.draft_vocab, DEFAULTS.draft_stop, DEFAULTS.gamma
             contenders[f"self:{k} N={n} τ={tau:g} γ={g}"] = (self_draft(n, range(k)), g, "exact", ["short"], tau)
 
     timers = Timers()
@@ -284,8 +290,8 @@ def main():
                            f"({len(long_audio) / 16000:.1f} s)",
                    "news": "examples/articles/*.txt (first 600 characters) read by espeak-ng" if args.espeak else None,
                    "seconds": {s: round(sum(len(a) for a in v) / 16000, 1) for s, v in sets.items()}},
-        "defaults": {"draft": "self (LeanDraft: every decoder layer of the target, int4)", "int4": T.DEFAULT_INT4,
-                     "head_size": T.DEFAULT_HEAD_SIZE, "draft_stop": T.DEFAULT_DRAFT_STOP, "gamma": T.DEFAULT_GAMMA},
+        "defaults": {"draft": "self (LeanDraft: every decoder layer of the target, int4)", "int4": DEFAULTS.draft_quantized,
+                     "head_size": DEFAULTS.draft_vocab, "draft_stop": DEFAULTS.draft_stop, "gamma": DEFAULTS.gamma},
         "agreement": agree,
         "results": results,
         "best_by_cpu_time": None if best is None else {"contender": best["contender"],

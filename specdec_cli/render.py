@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 err = Console(stderr=True)
+
+
+def error(message: str) -> None:
+    """One line: what is wrong (the CLI's exit 2 or 1 follows)."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -98,7 +106,7 @@ def stats_table(results, *, device: str, title: str) -> None:
         if id(s) in seen:
             continue
         seen.add(id(s))
-        names = ", ".join(x.input for x in results if x.stats is s)
+        names = ", ".join(Path(x.input).name for x in results if x.stats is s)  # a path would be cut short
         t.add_row(
             names, str(s.new_tokens), str(s.target_calls), _opt(s.acceptance_rate, ".3f"),
             _opt(s.mean_accepted_per_call, ".2f"), f"{s.tokens_per_s:.2f}", f"{s.wall_s:.2f}", _opt(s.verify_ms_per_call, ".3f"),
@@ -152,7 +160,7 @@ def _cell(key: str, v) -> str:
 
 def bench_table(results) -> None:
     """The results tables of `specdec bench` (a bench.BenchResults), laid out by results.tables."""
-    from specdec_cli.bench import value
+    from specdec_cli.bench.results import value
 
     m = results.machine
     threads = f"{m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}"

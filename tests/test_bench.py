@@ -12,7 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specdec_cli import bench
+from specdec_cli import options
+from specdec_cli.bench import config, contenders, harness, machine, runners, synthetic
+from specdec_cli.bench.results import BenchResults
 from specdec_cli.cli import app
 
 runner = CliRunner()
@@ -54,9 +56,9 @@ def test_synthetic_json_has_every_table_field(tiny_run):
     assert out["task"] == "synthetic"
     results = out["results"]
     # grid: 2 γ × (baseline, exact, sigmoid, hf at B = 1)
-    assert {(x["gamma"], x["mode"]) for x in results} == {(g, m) for g in (1, 3) for m in bench.SYNTHETIC_MODES}
+    assert {(x["gamma"], x["mode"]) for x in results} == {(g, m) for g in (1, 3) for m in config.SYNTHETIC_MODES}
     for x in results:
-        for key, _header in bench.SYNTHETIC_COLUMNS:
+        for key, _header in synthetic.SYNTHETIC_COLUMNS:
             assert key in x, key
         assert x["vocab"] == 1000 and x["batch"] == 1 and x["n"] >= 3 and x["median_ms"] > 0
         assert x["p10_ms"] <= x["median_ms"] <= x["p90_ms"]
@@ -103,7 +105,7 @@ def test_synthetic_files_exist_and_parse(tiny_run):
 
     rows = list(csv.DictReader((d / "r.csv").open()))
     assert len(rows) == len(saved["results"]) == 8  # one row per (grid point, mode)
-    assert {row["mode"] for row in rows} == set(bench.SYNTHETIC_MODES)
+    assert {row["mode"] for row in rows} == set(config.SYNTHETIC_MODES)
     assert float(rows[0]["median_ms"]) == pytest.approx(saved["results"][0]["median_ms"])
 
     pngs = sorted(p.name for p in (d / "plots").glob("*.png"))
@@ -158,43 +160,43 @@ def test_bad_options_exit_2_with_one_line(args, message):
 
 
 def test_triton_on_cpu_warns():
-    assert any("interpreter" in w for w in bench.warnings_for(
-        bench.SyntheticConfig([1000], [1], [1], ["exact"], backend="triton", device="cpu")))
+    assert any("interpreter" in w for w in config.warnings_for(
+        config.SyntheticConfig([1000], [1], [1], ["exact"], backend="triton", device="cpu")))
 
 
 def test_wide_spread_is_reported():
     def rec(p10, p90):
-        return bench.SyntheticRecord(
+        return synthetic.SyntheticRecord(
             vocab=10, batch=1, gamma=1, mode="exact", backend="torch", dtype="float32", device="cpu", median_ms=p10,
             p10_ms=p10, p90_ms=p90, mean_ms=p10, std_ms=0.0, min_ms=p10, n=3, speedup_vs_baseline=1.0,
             speedup_vs_hf=None, acceptance_rate=1.0, mean_accepted_per_call=1.0, expected_acceptance_rate=1.0,
             calls=8, bytes=1, gb_per_s=None, peak_extra_mib=None, case_overlap=0.8, case_target_entropy=1.0)
 
-    assert bench.spread_warnings([rec(1.0, 2.0)]) == []
-    (w,) = bench.spread_warnings([rec(1.0, 2.0), rec(1.0, 10.0)])
+    assert synthetic.spread_warnings([rec(1.0, 2.0)]) == []
+    (w,) = synthetic.spread_warnings([rec(1.0, 2.0), rec(1.0, 10.0)])
     assert w.startswith("1 of 2 timings spread widely")
     busy = rec(1.0, 2.0)
     busy.others_cpu = 0.4
-    (w,) = bench.spread_warnings([busy])
+    (w,) = synthetic.spread_warnings([busy])
     assert "while 1 grid point(s) were timed: V=10 B=1 γ=1 (40%)" in w
 
 
 def test_others_cpu_share():
-    assert bench._others_cpu((10.0, 1.0, 100.0), (12.0, 2.0, 101.0)) == pytest.approx(1.0 / (os.cpu_count() or 1))
-    assert bench._others_cpu((10.0, 1.0, 100.0), (11.0, 2.0, 101.0)) == 0.0  # all the busy time was ours
-    assert bench._others_cpu(None, (1.0, 1.0, 1.0)) is None
-    clock = bench._cpu_clock()
+    assert machine.others_cpu((10.0, 1.0, 100.0), (12.0, 2.0, 101.0)) == pytest.approx(1.0 / (os.cpu_count() or 1))
+    assert machine.others_cpu((10.0, 1.0, 100.0), (11.0, 2.0, 101.0)) == 0.0  # all the busy time was ours
+    assert machine.others_cpu(None, (1.0, 1.0, 1.0)) is None
+    clock = machine.cpu_clock()
     assert clock is None or (clock[0] >= 0 and clock[1] >= 0)
 
 
 def test_byte_model():
     B, G, V = 2, 5, 32000
     # exact: every target row once in its dtype, plus one target row and one fp32 draft row per sequence
-    assert bench.bytes_per_step("exact", B, G, V, 2) == B * (G + 1) * V * 2 + B * V * 2 + B * V * 4
-    assert bench.bytes_per_step("sigmoid", B, G, V, 4) == B * V * 8
-    assert bench.bytes_per_step("baseline", B, G, V, 4) > 5 * bench.bytes_per_step("exact", B, G, V, 4)
+    assert synthetic.bytes_per_step("exact", B, G, V, 2) == B * (G + 1) * V * 2 + B * V * 2 + B * V * 4
+    assert synthetic.bytes_per_step("sigmoid", B, G, V, 4) == B * V * 8
+    assert synthetic.bytes_per_step("baseline", B, G, V, 4) > 5 * synthetic.bytes_per_step("exact", B, G, V, 4)
     with pytest.raises(ValueError):
-        bench.bytes_per_step("reference", B, G, V, 4)
+        synthetic.bytes_per_step("reference", B, G, V, 4)
 
 
 # ------------------------------------------------------------------------------------ the task framework
@@ -213,7 +215,7 @@ def _fake_records(task="summarize"):
     quality = {"rouge1": 0.31, "rouge2": 0.11, "rougeL": 0.22} if task == "summarize" else {"wer": 0.08}
 
     def rec(gamma, mode, tps, mean_acc, draft_ms):
-        return bench.TaskRecord(
+        return contenders.TaskRecord(
             task=task, gamma=gamma, mode=mode, new_tokens=200, wall_s=200 / tps, tokens_per_s=tps,
             acceptance_rate=None if mean_acc is None else mean_acc / gamma, mean_accepted_per_call=mean_acc,
             verify_ms_per_call=None if mode == "autoregressive" else 1.5, draft_ms_per_forward=draft_ms,
@@ -231,7 +233,7 @@ def _fake_records(task="summarize"):
 
 
 def test_aggregate_predicted_speedup_arithmetic():
-    recs = {(r.gamma, r.mode): r for r in bench.aggregate(_fake_records())}
+    recs = {(r.gamma, r.mode): r for r in contenders.aggregate(_fake_records())}
     ar = recs[(0, "autoregressive")]
     assert ar.speedup == 1.0 and ar.predicted_speedup is None
 
@@ -247,7 +249,7 @@ def test_aggregate_predicted_speedup_arithmetic():
 
     r5 = recs[(5, "exact")]  # α = 1: all γ + 1 tokens every call
     assert r5.alpha == 1.0 and r5.predicted_speedup == pytest.approx(6 / 1.5)
-    assert r5.best_gamma == bench.MAX_GAMMA  # nothing is ever rejected: longer drafts keep helping
+    assert r5.best_gamma == options.MAX_GAMMA  # nothing is ever rejected: longer drafts keep helping
 
     # best γ is the argmax of the model's speedup over 1..32
     best = max(range(1, 33), key=lambda g: (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * 0.1 + 1)))
@@ -256,7 +258,7 @@ def test_aggregate_predicted_speedup_arithmetic():
 
 def test_aggregate_without_autoregressive_uses_the_records_own_target_step():
     recs = [r for r in _fake_records() if r.mode != "autoregressive"]
-    r = next(x for x in bench.aggregate(recs) if (x.gamma, x.mode) == (3, "exact"))
+    r = next(x for x in contenders.aggregate(recs) if (x.gamma, x.mode) == (3, "exact"))
     assert r.speedup is None and r.cost_ratio == pytest.approx(10.0 / 120.0)
 
 
@@ -266,11 +268,11 @@ def test_fake_task_runner_through_the_cli(task, monkeypatch, tmp_path):
 
     def fake_runner(config, progress):
         seen["config"] = config
-        for _ in range(bench.total_steps(config)):
+        for _ in range(harness.total_steps(config)):
             progress("step")
         return _fake_records(task)
 
-    monkeypatch.setitem(bench.TASK_RUNNERS, task, fake_runner)
+    monkeypatch.setattr(runners, "run_task", fake_runner)
     r = runner.invoke(app, ["bench", "--task", task, "--gamma", "1,3,5", "--modes", "baseline,exact", "--device", "cpu",
                             "--json", "--out", str(tmp_path / "t.json"), "--csv", str(tmp_path / "t.csv"),
                             "--plot", str(tmp_path)])
@@ -281,7 +283,7 @@ def test_fake_task_runner_through_the_cli(task, monkeypatch, tmp_path):
     out = json.loads(r.stdout)
     assert out["task"] == task and len(out["results"]) == 5
     row = next(x for x in out["results"] if (x["gamma"], x["mode"]) == (3, "exact"))
-    for key, _ in bench.TASK_COLUMNS:
+    for key, _ in contenders.TASK_COLUMNS:
         assert key in row, key
     assert row["speedup"] == pytest.approx(2.0) and row["predicted_speedup"] > 1
     assert set(row["quality"]) == ({"rouge1", "rouge2", "rougeL"} if task == "summarize" else {"wer"})
@@ -298,16 +300,16 @@ def test_fake_task_runner_through_the_cli(task, monkeypatch, tmp_path):
 
 
 def test_score_quality():
-    q = bench.score_quality("summarize", ["the cat sat on the mat"], ["the cat sat on the mat"])
+    q = contenders.score_quality("summarize", ["the cat sat on the mat"], ["the cat sat on the mat"])
     assert q == pytest.approx({"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0})
-    assert bench.score_quality("transcribe", ["hello word"], ["Hello, world."]) == {"wer": 0.5}
-    assert not math.isnan(bench.score_quality("transcribe", ["a b"], ["a b"])["wer"])
+    assert contenders.score_quality("transcribe", ["hello word"], ["Hello, world."]) == {"wer": 0.5}
+    assert not math.isnan(contenders.score_quality("transcribe", ["a b"], ["a b"])["wer"])
 
 
-def test_a_task_without_runner_is_not_available(monkeypatch):
-    monkeypatch.delitem(bench.TASK_RUNNERS, "summarize")
+def test_a_task_without_runner_is_refused(monkeypatch):
+    monkeypatch.delitem(runners.RUNNERS, "summarize")
     r = runner.invoke(app, ["bench", "--task", "summarize", "--device", "cpu"])
-    assert r.exit_code == 2 and _lines(r) == ["error: --task summarize is not available yet: use --task synthetic"]
+    assert r.exit_code == 2 and _lines(r) == ["error: --task summarize: no runner is registered for it (choose from transcribe)"]
 
 
 # ------------------------------------------------------------------------- the tasks on tiny models
@@ -359,8 +361,8 @@ def test_summarize_json_carries_every_table_field(summarize_run):
     results = out["results"]
     assert [(x["mode"], x["gamma"]) for x in results] == [
         ("autoregressive", 0), ("baseline", 1), ("exact", 1), ("baseline", 3), ("exact", 3)]
-    records = [bench.TaskRecord(**x) for x in results]  # every field round-trips
-    shown = bench.BenchResults("summarize", out["command"], out["config"], out["machine"], records).tables
+    records = [contenders.TaskRecord(**x) for x in results]  # every field round-trips
+    shown = BenchResults("summarize", out["command"], out["config"], out["machine"], records).tables
     for _title, cols in shown:
         for key, _header in cols:
             for x in results:
@@ -436,8 +438,8 @@ def test_transcribe_wer_wiring(tmp_path):
     import jiwer
     import soundfile as sf
 
-    from specdec_cli.metrics import normalize_text
-    from test_transcribe import save_tiny_whisper
+    from specdec_cli.bench.metrics import normalize_text
+    from conftest import save_tiny_whisper
 
     model = save_tiny_whisper(tmp_path / "whisper")
     data = tmp_path / "clips"
@@ -520,7 +522,7 @@ def test_task_inputs(tmp_path):
             (d / f"{name}.ref.txt").write_text(f" ref\n {name} ")
 
     def inputs(**options):
-        return bench.task_inputs(bench.TaskConfig("summarize", [1], ["exact"], options=options))
+        return runners.task_inputs(config.TaskConfig("summarize", [1], ["exact"], options=options))
 
     paths, refs = inputs(data=d)
     assert [p.rsplit("/", 1)[1] for p in paths] == ["a.txt", "b.txt", "c.txt"] and refs is None  # c has none
@@ -532,9 +534,9 @@ def test_task_inputs(tmp_path):
 
 
 def test_peak_memory_on_cpu():
-    with bench.PeakMemory("cpu") as before:
+    with machine.PeakMemory("cpu") as before:
         pass
-    with bench.PeakMemory("cpu") as peak:
+    with machine.PeakMemory("cpu") as peak:
         x = torch.ones(32 * 2**20 // 4)  # 32 MiB, touched
         del x
     if peak.mib is None:

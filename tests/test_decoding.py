@@ -11,42 +11,14 @@ import math
 
 import pytest
 import torch
-from scipy.stats import chisquare
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from conftest import (
+    GREEDY, N_SAMPLES, PROMPT, PROMPTS, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair,
+    sample_many,
+)
 from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate
+from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.errors import SpecdecError
-from specdec_cli.sampling import SamplingParams, probs_from_logits, process_logits
-
-GREEDY = SamplingParams(temperature=0.0)
-ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
-
-
-def make_pair(arch="llama", seed=0, vocab=64, layers=4, keep=2, damp=0.3, hidden=64):
-    """(target, draft): a random model and a copy of its first `keep` layers."""
-    config_cls, model_cls = ARCHS[arch]
-    torch.manual_seed(seed)
-    config = config_cls(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.3,  # clear argmax margins: batch/padding rounding never flips greedy
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    target = model_cls(config).eval()
-    with torch.no_grad():
-        for layer in target.model.layers[keep:]:
-            layer.self_attn.o_proj.weight.mul_(damp)
-            layer.mlp.down_proj.weight.mul_(damp)
-    draft_config = copy.deepcopy(config)
-    draft_config.num_hidden_layers = keep
-    draft = model_cls(draft_config).eval()
-    draft.load_state_dict(target.state_dict(), strict=False)
-    return target, draft
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,21 +33,6 @@ def one_thread():
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def pair(request):
     return make_pair(request.param)
-
-
-PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5]])
-PROMPTS = [[3, 14, 15, 9, 26, 5], [7, 1], [42, 8, 8, 19]]  # different lengths
-
-
-def left_pad(rows, pad=0):
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
-def autoregressive(target, ids, mask=None, n=24, params=GREEDY, **kw):
-    return generate(target, None, ids, mask, mode="autoregressive", params=params, max_new_tokens=n, **kw)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -161,7 +118,7 @@ def test_logits_hook_suppresses_tokens_in_every_mode(pair):
     expected = autoregressive(t, PROMPT, n=20).tokens
     assert not set(expected[0]) & set(banned)
     assert generate(t, d, PROMPT, gamma=4, params=GREEDY, max_new_tokens=20).tokens == expected
-    sampled = generate(t, d, PROMPT, gamma=4, params=SamplingParams(seed=3), max_new_tokens=20)
+    sampled = generate(t, d, PROMPT, gamma=4, params=SamplingParams(temperature=1.0, seed=3), max_new_tokens=20)
     assert not set(sampled.tokens[0]) & set(banned)
 
 
@@ -200,7 +157,7 @@ def test_max_new_tokens_never_exceeded(max_new):
     assert got.tokens == expected and len(got.tokens[0]) == max_new
     assert got.stats.new_tokens == max_new and got.finish_reasons == ["length"]
     assert sum(g + 1 for g in got.stats.gamma_history) <= max_new  # γ shrank instead of overshooting
-    sampled = generate(target, target, PROMPT, gamma=5, params=SamplingParams(seed=1), max_new_tokens=max_new)
+    sampled = generate(target, target, PROMPT, gamma=5, params=SamplingParams(temperature=1.0, seed=1), max_new_tokens=max_new)
     assert len(sampled.tokens[0]) == max_new
 
 
@@ -214,49 +171,10 @@ def test_zero_new_tokens():
 # sampling: the target's distribution
 
 
-def exact_first_two(target, prompt, params):
-    """P(x1, x2 | prompt) under the target alone, processed as `params` says: [V, V]."""
-    V = target.config.vocab_size
-    with torch.no_grad():
-        p1 = probs_from_logits(process_logits(target(prompt).logits[0, -1], params))  # [V]
-        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], dim=1)  # [V, T+1]
-        p2 = probs_from_logits(process_logits(target(seqs).logits[:, -1], params))  # [V, V]
-    return (p1[:, None] * p2).double()
-
-
-def first_two_pvalue(tokens, joint):
-    """Chi-square of the observed (x1, x2) pairs against the exact joint; cells expected < 5 pooled."""
-    V = joint.shape[0]
-    pairs = torch.tensor([r[:2] for r in tokens])
-    counts = torch.bincount(pairs[:, 0] * V + pairs[:, 1], minlength=V * V).double()
-    expected = joint.flatten() * len(tokens)
-    assert counts[expected == 0].sum() == 0, "a token of probability zero was emitted"
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    if exp[-1] == 0:  # nothing to pool (top-k masks the small cells away)
-        obs, exp = obs[:-1], exp[:-1]
-    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
-
-
-N_SAMPLES, CHUNK = 12_000, 3_000  # rows per generate call (one batch, independent randomness per row)
-
-
 @pytest.fixture(scope="module")
 def small_pair():
     # vocab 8 and a one-layer draft that disagrees often (acceptance ~ 0.6 at T = 1)
     return make_pair("llama", seed=5, vocab=8, hidden=16, layers=3, keep=1, damp=0.6)
-
-
-def sample_many(target, draft, prompt, params, **kw) -> list[list[int]]:
-    """N_SAMPLES independent runs of one prompt, CHUNK rows per batch, a different seed per batch."""
-    tokens, accepted, drafted = [], 0, 0
-    for i in range(N_SAMPLES // CHUNK):
-        chunk_params = SamplingParams(params.temperature, params.top_k, params.top_p, seed=params.seed + i)
-        got = generate(target, draft, prompt.expand(CHUNK, -1), params=chunk_params, **kw)
-        tokens += got.tokens
-        accepted, drafted = accepted + got.stats.accepted_tokens, drafted + got.stats.draft_tokens
-    return tokens, (accepted / drafted if drafted else None)
 
 
 @pytest.mark.parametrize(
@@ -297,7 +215,7 @@ def test_distribution_test_has_power(small_pair):
 
 def test_sigmoid_runs_end_to_end_and_reports(pair):
     target, draft = pair
-    got = generate(target, draft, PROMPT, mode="sigmoid", gamma=4, params=SamplingParams(seed=0), max_new_tokens=20)
+    got = generate(target, draft, PROMPT, mode="sigmoid", gamma=4, params=SamplingParams(temperature=1.0, seed=0), max_new_tokens=20)
     d = got.stats.to_dict()
     assert len(got.tokens[0]) == 20 and d["acceptance_rate"] is not None and d["mode"] == "sigmoid"
     assert d["draft_tokens"] > 0 and d["verify_ms_per_call"] > 0
@@ -305,7 +223,7 @@ def test_sigmoid_runs_end_to_end_and_reports(pair):
 
 def test_same_seed_same_output(pair):
     target, draft = pair
-    runs = [generate(target, draft, PROMPT, params=SamplingParams(seed=7), max_new_tokens=16).tokens for _ in range(2)]
+    runs = [generate(target, draft, PROMPT, params=SamplingParams(temperature=1.0, seed=7), max_new_tokens=16).tokens for _ in range(2)]
     assert runs[0] == runs[1]
 
 
@@ -354,7 +272,7 @@ def test_missing_draft_and_empty_prompt_raise(pair):
 def test_vocab_size_cuts_padding_rows():
     """vocab_size=V: tokens >= V are never emitted, by either model (check_compatible's V)."""
     target, draft = make_pair("llama", vocab=64)
-    got = generate(target, draft, PROMPT, gamma=3, params=SamplingParams(seed=2), max_new_tokens=40, vocab_size=16)
+    got = generate(target, draft, PROMPT, gamma=3, params=SamplingParams(temperature=1.0, seed=2), max_new_tokens=40, vocab_size=16)
     assert max(got.tokens[0]) < 16
     greedy = generate(target, draft, PROMPT, gamma=3, params=GREEDY, max_new_tokens=10, vocab_size=16)
     assert greedy.tokens == autoregressive(target, PROMPT, n=10, vocab_size=16).tokens
@@ -416,7 +334,7 @@ def test_whisper_decoder_plugs_in():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exact", "baseline"])
 def test_smollm2_self_draft_greedy_equals_autoregressive(smollm2, mode):
-    from specdec_cli.models import self_draft
+    from specdec_cli.drafts.layers import self_draft
 
     tok = smollm2.tokenizer
     prompts = ["The capital of France is", "def fibonacci(n):\n   "]

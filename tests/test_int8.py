@@ -7,11 +7,12 @@ import torch
 from torch import nn
 
 from specdec_cli.decoding import generate
-from specdec_cli.draft_head import SubsetHead, frequent_ids, restrict_head
-from specdec_cli.int8 import GEMV_ROWS, Int8Linear, quantize_draft, quantize_linears
-from specdec_cli.models import LoadedModel, self_draft
+from specdec_cli.drafts.subset_head import SubsetHead, frequent_ids, restrict_head
+from specdec_cli.drafts.int8 import GEMV_ROWS, Int8Linear, quantize_draft, quantize_linears
+from specdec_cli.drafts.layers import self_draft
+from specdec_cli.models import LoadedModel
 
-from test_decoding import GREEDY, PROMPT, autoregressive, make_pair
+from conftest import GREEDY, PROMPT, autoregressive, make_pair
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

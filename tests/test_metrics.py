@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec_cli.metrics import corpus_rouge, normalize_text, rouge, wer
+from specdec_cli.bench.metrics import corpus_rouge, normalize_text, rouge, wer
 
 
 # ---------------------------------------------------------------------------------------------- WER

@@ -1,4 +1,4 @@
-"""specdec_cli.models: loading causal LMs (local dir, GGUF, embedded, hub), self:K drafts, pair checks."""
+"""specdec_cli.models: loading causal LMs (local dir, GGUF, embedded, hub), the cache, pair checks."""
 
 import dataclasses
 import importlib.metadata
@@ -9,61 +9,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
-from specdec_cli import cache, models
+from conftest import WORDS, save_tiny
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import (
-    EMBEDDED,
-    EmbeddedModel,
-    check_compatible,
-    load_causal_lm,
-    load_draft,
-    parse_draft_spec,
-    resolve_device,
-    resolve_dtype,
-    self_draft,
+    EMBEDDED, cache, causal_lm, check_compatible, cpu_has_fast_bf16, load_causal_lm, resolve_device, resolve_dtype,
 )
-
-WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(998)]  # a 1000-token vocabulary
-
+from specdec_cli.models import loading
+from specdec_cli.models.causal_lm import EmbeddedModel
+from specdec_cli.tasks.summarize import load_draft
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     """Every test writes to its own SPECDEC_CACHE unless it sets another."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-
-
-def word_tokenizer(words=WORDS):
-    """A whitespace word-level tokenizer: token i is words[i]."""
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers.models import WordLevel
-
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
-
-
-def tiny_config(arch: str, vocab: int = 1000, layers: int = 4):
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=1,
-        tie_word_embeddings=False,
-    )
-    return LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
-
-
-def save_tiny(path: Path, arch: str, *, vocab: int = 1000, layers: int = 4, words=WORDS, seed: int = 0):
-    """A randomly initialised tiny causal LM + tokenizer written with save_pretrained; returns the model."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab, layers), dtype=torch.float32).eval()
-    model.save_pretrained(path)
-    word_tokenizer(words).save_pretrained(path)
-    return model
 
 
 def ids_for(n: int = 12, seed: int = 1) -> torch.Tensor:
@@ -97,63 +55,6 @@ def test_local_dir_in_bfloat16(tmp_path):
     save_tiny(tmp_path / "m", "qwen2")
     lm = load_causal_lm(str(tmp_path / "m"), dtype=torch.bfloat16, device="cpu", progress=False)
     assert lm.dtype == torch.bfloat16 and lm.model(ids_for()).logits.dtype == torch.bfloat16
-
-
-# --------------------------------------------------------------------------------------------------
-# self:K drafts
-
-
-def test_self_draft_shares_weights_and_equals_a_truncated_forward(tiny_target):
-    target = tiny_target
-    draft = load_draft("self:2", target)
-    assert draft.source == "self" and draft.num_layers == 2 and len(draft.model.model.layers) == 2
-    assert draft.tokenizer is target.tokenizer
-    # no parameter of its own: every one is a target parameter, same storage
-    target_ptrs = {p.data_ptr() for p in target.model.parameters()}
-    assert all(p.data_ptr() in target_ptrs for p in draft.model.parameters())
-    assert draft.model.lm_head.weight.data_ptr() == target.model.lm_head.weight.data_ptr()
-    assert draft.model.model.norm is target.model.model.norm
-    # the target is untouched
-    assert target.num_layers == 4 and len(target.model.model.layers) == 4
-
-    ids = ids_for()
-    with torch.no_grad():
-        out = target.model(ids, output_hidden_states=True)
-        # hidden_states[2] = output of the target's layer 1; then the final norm and lm_head
-        expected = target.model.lm_head(target.model.model.norm(out.hidden_states[2]))
-        got = draft.model(ids).logits
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(got, out.logits, atol=1e-3)  # it really is a different model
-
-
-def test_self_draft_kv_cache_is_its_own(tiny_target):
-    target, draft = tiny_target, self_draft(tiny_target, 3)
-    assert [layer.self_attn.layer_idx for layer in draft.model.model.layers] == [0, 1, 2]
-    ids = ids_for(10)
-    with torch.no_grad():
-        full = draft.model(ids).logits
-        target_cache, draft_cache = DynamicCache(config=target.model.config), DynamicCache(config=draft.model.config)
-        target.model(ids[:, :6], past_key_values=target_cache, use_cache=True)
-        steps = [draft.model(ids[:, :6], past_key_values=draft_cache, use_cache=True).logits]
-        for t in range(6, 10):  # one token at a time, the target's cache left behind
-            steps.append(draft.model(ids[:, t : t + 1], past_key_values=draft_cache, use_cache=True).logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
-    assert len(draft_cache.layers) == 3 and draft_cache.get_seq_length() == 10
-    assert len(target_cache.layers) == 4 and target_cache.get_seq_length() == 6
-
-
-@pytest.mark.parametrize("spec, words", [
-    ("self:0", "between 1 and 3"), ("self:4", "between 1 and 3"), ("self:-1", "between 1 and 3"),
-    ("self:x", "self:K"), ("self", "self:K"), ("self:", "self:K"),
-])  # fmt: skip
-def test_self_draft_refuses_bad_k(tiny_target, spec, words):
-    with pytest.raises(SpecdecError, match=words):
-        load_draft(spec, tiny_target)
-
-
-def test_parse_draft_spec():
-    assert parse_draft_spec("self:4") == 4 and parse_draft_spec(" SELF:2 ") == 2
-    assert parse_draft_spec("embedded") is None and parse_draft_spec("Qwen/Qwen2.5-0.5B") is None
 
 
 def test_self_spec_is_not_a_target():
@@ -230,8 +131,8 @@ def test_directory_without_a_model(tmp_path):
 def test_unknown_hub_id_without_network(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(models, "_hub_offline", lambda: False)
-    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(loading, "hub_offline", lambda: False)
+    monkeypatch.setattr(loading, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(SpecdecError) as info:
         load_causal_lm("specdec-tests/no-such-model", progress=False)
     assert str(info.value) == (
@@ -282,9 +183,9 @@ def test_resolve_device_and_dtype():
         with pytest.raises(SpecdecError, match="--device cuda: torch sees no CUDA GPU"):
             resolve_device("cuda")
     assert resolve_dtype("float32", "cpu") == torch.float32 and resolve_dtype("fp16", "cpu") == torch.float16
-    expected = torch.bfloat16 if models.cpu_has_fast_bf16() else torch.float32
+    expected = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     assert resolve_dtype("auto", "cpu") == expected
-    with pytest.raises(SpecdecError, match="unknown dtype 'float64'"):
+    with pytest.raises(SpecdecError, match="--dtype must be one of"):
         resolve_dtype("float64", "cpu")
 
 
@@ -347,7 +248,7 @@ def test_gguf_path_is_cached_by_file_identity(smollm2_reference, tmp_path, monke
 
         return reference, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
-    monkeypatch.setattr(models, "_dequantize_gguf", fake_dequantize)
+    monkeypatch.setattr(causal_lm, "_dequantize_gguf", fake_dequantize)
     first = load_causal_lm(str(link), dtype="bfloat16", progress=False)
     second = load_causal_lm(str(link), dtype="bfloat16", progress=False)
     assert calls == [link] and (first.source, first.cached, second.cached) == ("gguf", False, True)
@@ -364,7 +265,7 @@ def test_failed_cache_build_leaves_nothing(tmp_path, monkeypatch):
     def explode(path, dtype, title, progress):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(models, "_dequantize_gguf", explode)
+    monkeypatch.setattr(causal_lm, "_dequantize_gguf", explode)
     with pytest.raises(SpecdecError, match="cannot load GGUF file .*: boom"):
         load_causal_lm(str(gguf), progress=False)
     assert list(cache.models_dir().iterdir()) == []
@@ -375,7 +276,7 @@ def test_gguf_progress_wraps_transformers_tqdm_and_restores_it():
 
     original = gguf_utils.tqdm
     for enabled in (True, False):
-        with models._gguf_progress(enabled, "tiny") as say:
+        with causal_lm._gguf_progress(enabled, "tiny") as say:
             say("dequantizing")
             assert list(gguf_utils.tqdm(range(3), desc="Converting")) == [0, 1, 2]
         assert gguf_utils.tqdm is original

@@ -7,7 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.sampling import (
+from specdec_cli.decoding.sampling import (
     SamplingParams,
     probs_from_logits,
     process_logits,
@@ -38,7 +38,7 @@ def test_bad_params_raise_one_line(kwargs, words):
 def test_greedy_and_filtered_flags():
     assert SamplingParams(temperature=0).greedy
     assert not SamplingParams().filtered
-    assert SamplingParams(top_k=3).filtered and SamplingParams(top_p=0.9).filtered
+    assert SamplingParams(temperature=1.0, top_k=3).filtered and SamplingParams(temperature=1.0, top_p=0.9).filtered
 
 
 def test_temperature_divides_logits():
@@ -49,10 +49,10 @@ def test_temperature_divides_logits():
 
 def test_top_k_keeps_the_k_largest():
     z = torch.tensor([[0.5, 3.0, -1.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
-    out = process_logits(z, SamplingParams(top_k=2))
+    out = process_logits(z, SamplingParams(temperature=1.0, top_k=2))
     assert torch.equal(torch.isfinite(out[0]), torch.tensor([False, True, False, True, False]))
     assert torch.isfinite(out[1]).all()  # ties at the k-th value are all kept
-    assert torch.equal(process_logits(z, SamplingParams(top_k=10)), z)  # k >= V: off
+    assert torch.equal(process_logits(z, SamplingParams(temperature=1.0, top_k=10)), z)  # k >= V: off
 
 
 def test_top_p_keeps_the_nucleus():
@@ -61,13 +61,13 @@ def test_top_p_keeps_the_nucleus():
     # sorted 0.5, 0.3, 0.15, 0.05: mass before each is 0, 0.5, 0.8, 0.95
     cases = {0.5: [1, 0, 0, 0], 0.6: [1, 0, 1, 0], 0.8: [1, 0, 1, 0], 0.81: [1, 0, 1, 1], 1.0: [1, 1, 1, 1]}
     for top_p, kept in cases.items():
-        out = process_logits(z, SamplingParams(top_p=top_p))
+        out = process_logits(z, SamplingParams(temperature=1.0, top_p=top_p))
         assert torch.isfinite(out[0]).int().tolist() == kept, top_p
 
 
 def test_top_p_tiny_keeps_at_least_one_token():
     z = torch.tensor([[0.0, 0.0, 5.0, NEG]])
-    out = process_logits(z, SamplingParams(top_p=1e-6, top_k=1))
+    out = process_logits(z, SamplingParams(temperature=1.0, top_p=1e-6, top_k=1))
     assert torch.isfinite(out).sum() == 1 and out.argmax() == 2
 
 
@@ -134,6 +134,6 @@ def test_top_p_on_a_large_vocabulary_matches_a_full_sort(nucleus):
     z = -d * torch.arange(V, dtype=torch.float32)
     z = z[torch.randperm(V, generator=torch.Generator().manual_seed(0))][None]
     top_p = 1.0 - math.exp(-d * (nucleus + 0.5))
-    got = torch.isfinite(process_logits(z, SamplingParams(top_p=top_p)))[0]
+    got = torch.isfinite(process_logits(z, SamplingParams(temperature=1.0, top_p=top_p)))[0]
     assert got.sum().item() == nucleus + 1
     assert z[0, got].min() > z[0, ~got].max()  # the most likely ones

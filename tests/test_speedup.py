@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from specdec_cli.speedup import (
+from specdec_cli.bench.speedup import (
     acceptance_from_mean_accepted,
     acceptance_rate_from_alpha,
     best_gamma,

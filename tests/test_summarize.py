@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from test_models import tiny_config, word_tokenizer
+from conftest import tiny_config, word_tokenizer
 
 runner = CliRunner()
 ARTICLE = " ".join(f"w{(i * 37) % 900 + 2}" for i in range(60))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec_cli.synthetic import acceptance_probability, describe, make_case, tv_distance
+from specdec_cli.bench.cases import acceptance_probability, describe, make_case, tv_distance
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

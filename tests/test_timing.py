@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from specdec_cli.timing import Timing, measure, measure_side_by_side
+from specdec_cli.bench.timing import Timing, measure, measure_side_by_side
 
 
 def test_timing_from_samples():

@@ -19,12 +19,16 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from specdec_cli import transcribe as T
-from specdec_cli.audio import SAMPLE_RATE, librivox_clips, load_audio
+from conftest import assert_same_up_to_rounding, save_tiny_whisper, whisper_decoder_sums
+from specdec_cli.bench.metrics import wer
 from specdec_cli.cli import app
+from specdec_cli.drafts.int4 import linear, pack_int4
+from specdec_cli.drafts.spec import self_layers
 from specdec_cli.errors import SpecdecError
-from specdec_cli.metrics import wer
-from specdec_cli.sampling import SamplingParams
+from specdec_cli.models.whisper import check_language_task, decoder_layers, load_whisper, prompt_ids, special_ids
+from specdec_cli.tasks import transcribe as T
+from specdec_cli.tasks.audio import SAMPLE_RATE, librivox_clips, load_audio
+from specdec_cli.tasks.whisper_scoring import ExactScorer, WindowDecoder, cross_kv
 
 runner = CliRunner()
 DATA = Path("/usr/share/pocketsphinx/test/data")
@@ -35,43 +39,6 @@ needs_speech = pytest.mark.skipif(not CLIPS or not CARDS, reason="needs Debian's
 
 # ---- a tiny random Whisper, saved like a user's own model --------------------------------------------
 
-SPECIALS = ["<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
-            "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
-
-
-def tiny_processor(extra_tokens: list[str] = ()):
-    """A WhisperProcessor with a byte-level BPE of 256 bytes + 3 merges + <|endoftext|> + SPECIALS."""
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import WhisperFeatureExtractor, WhisperProcessor, WhisperTokenizer
-
-    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
-    merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e")]
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
-    tok = WhisperTokenizer(vocab=vocab, merges=merges)
-    tok.add_special_tokens({"additional_special_tokens": SPECIALS + list(extra_tokens)})
-    return WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tok)
-
-
-def save_tiny_whisper(path: Path, seed: int = 0, decoder_layers: int = 3, extra_tokens: list[str] = ()) -> Path:
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
-
-    processor = tiny_processor(extra_tokens)
-    tok = processor.tokenizer
-    config = WhisperConfig(
-        vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80, max_source_positions=1500,
-        max_target_positions=64, init_std=0.3,  # clear argmax margins: greedy never flips on rounding
-        decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"), eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, suppress_tokens=[],
-        begin_suppress_tokens=[tok.eos_token_id],
-    )
-    torch.manual_seed(seed)
-    WhisperForConditionalGeneration(config).eval().save_pretrained(path)
-    processor.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return save_tiny_whisper(tmp_path_factory.mktemp("tiny-whisper"))
@@ -79,7 +46,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir):
-    return T.load_whisper(str(tiny_dir), dtype="float32", device="cpu", progress=False)
+    return load_whisper(str(tiny_dir), dtype="float32", device="cpu", progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +59,6 @@ def speech_wav(tmp_path_factory):
     return p
 
 
-GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -107,14 +73,14 @@ def one_torch_thread():
 
 def test_tiny_whisper_loads_by_path_and_speculative_equals_autoregressive(tiny, speech_wav):
     assert tiny.source == "local" and tiny.output_size == len(tiny.tokenizer) == 269
-    ids = T.special_ids(tiny)
+    ids = special_ids(tiny)
     assert ids.multilingual and set(ids.languages) == {"en", "de"} and ids.eot == 259
-    assert T.prompt_ids(ids, "de", "translate") == [260, 262, 263, 268]
+    assert prompt_ids(ids, "de", "translate") == [260, 262, 263, 268]
     kw = dict(max_new_tokens=12, no_speech_threshold=1.0, language="en")
     ar = T.transcribe(tiny, None, [str(speech_wav)], mode="autoregressive", **kw)[0]
     assert ar.stats.new_tokens > 0 and ar.stats.language == "en" and ar.stats.windows == 1
     for spec in ("self", "self:1", "self:0,2"):
-        draft = T.load_draft(spec, tiny, head_size=200)
+        draft = T.load_draft(spec, tiny, draft_vocab=200)
         for mode in ("exact", "baseline"):
             for gamma in (1, 4):
                 sp = T.transcribe(tiny, draft, [str(speech_wav)], mode=mode, gamma=gamma, **kw)[0]
@@ -125,10 +91,10 @@ def test_tiny_whisper_loads_by_path_and_speculative_equals_autoregressive(tiny, 
 def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, int4=False):
     """(the draft's LeanDraft, transformers' decoder through WindowDecoder) on one random encoder output."""
     torch.manual_seed(1)
-    whisper = tiny.whisper
+    whisper = tiny.model
     encoded = torch.randn(B, 1500, whisper.config.d_model, dtype=dtype)
-    kv = T.cross_kv(whisper.model.decoder.layers, encoded)
-    draft = T.load_draft(draft_spec, tiny, head_size=head_size, int4=int4).model.window(kv)
+    kv = cross_kv(whisper.model.decoder.layers, encoded)
+    draft = T.load_draft(draft_spec, tiny, draft_vocab=head_size or 0, draft_quantized=int4).window(kv)
     draft.dummy = None  # never abstain: every step's logits are compared
     model = whisper
     if draft.layer_ids != tuple(range(len(whisper.model.decoder.layers))):  # transformers' decoder cut the same way
@@ -139,7 +105,7 @@ def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, in
         for j, layer in enumerate(model.model.decoder.layers):
             layer.self_attn.layer_idx = layer.encoder_attn.layer_idx = j
         kv = [kv[i] for i in draft.layer_ids]
-    return draft, T.WindowDecoder(model, encoded, kv)
+    return draft, WindowDecoder(model, encoded, kv)
 
 
 @pytest.mark.parametrize("spec", ["self", "self:2", "self:0,2"])
@@ -156,7 +122,7 @@ def test_lean_draft_computes_what_transformers_decoder_computes(tiny, spec):
     def both(start, end, mask=None, keep=0):
         args = (tokens[:, start:end], None if mask is None else valid[:, :end], positions[:, start:end])
         a, b = draft.forward(*args, keep=keep), ref.forward(*args, keep=keep)
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert_same_up_to_rounding(a, b, whisper_decoder_sums(tiny.model.config, keys=end))
         assert draft.length == ref.length == end
 
     with torch.inference_mode():
@@ -182,18 +148,18 @@ def test_lean_draft_output_layer_subset_and_int4(tiny):
         a, b = draft.forward(tokens, None, positions), ref.forward(tokens, None, positions)
     kept = torch.zeros(269, dtype=torch.bool)
     kept[draft.keep] = True
-    torch.testing.assert_close(a[..., kept], b[..., kept], rtol=1e-5, atol=1e-5)
+    assert_same_up_to_rounding(a[..., kept], b[..., kept], whisper_decoder_sums(tiny.model.config, keys=4))
     assert torch.isinf(a[..., ~kept]).all()
 
     # int4: the kernel computes x·Wᵀ with W = (q − 8)·scale + zero (torch's convention, checked here), and
     # the draft stays close to the target (a draft's error costs acceptance, never exactness)
     w = torch.randn(48, 64)
-    packed = T._int4(w)
+    packed = pack_int4(w)
     x = torch.randn(3, 64)
     groups = w.reshape(48, 2, 32)
     lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
     dequant = (((groups - lo) / ((hi - lo) / 15)).round() * (hi - lo) / 15 + lo).reshape(48, 64)
-    torch.testing.assert_close(T._linear(x, (None, packed, None)), x @ dequant.T, rtol=1e-4, atol=1e-4)
+    assert_same_up_to_rounding(linear(x, (None, packed, None)), x @ dequant.T, sums=64)
     assert (dequant - w).abs().max() <= (hi - lo).max() / 30 + 1e-6
     draft4, _ = _decoder_pair(tiny, "self", head_size=100, int4=True)  # 112 rows: int4 (269 would not fit)
     assert draft4.int4 and draft4.head[1] is not None and all(p["fc1"][1] is not None for p in draft4.layers)
@@ -205,13 +171,13 @@ def test_lean_draft_output_layer_subset_and_int4(tiny):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_exact_scorer_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
     """The target scoring γ+1 slots in one pass gives, row by row, the logits of one-token steps (bf16: exactly)."""
-    whisper = T.load_whisper(str(tiny_dir), dtype=dtype, device="cpu", progress=False).whisper
+    whisper = load_whisper(str(tiny_dir), dtype=dtype, device="cpu", progress=False).model
     torch.manual_seed(2)
     encoded = torch.randn(1, 1500, 32, dtype=dtype)
-    kv = T.cross_kv(whisper.model.decoder.layers, encoded)
+    kv = cross_kv(whisper.model.decoder.layers, encoded)
     tokens = torch.randint(0, 259, (1, 40))
     positions = torch.arange(40)[None]
-    one, many = T.WindowDecoder(whisper, encoded, kv), T.ExactScorer(whisper, encoded, kv)
+    one, many = WindowDecoder(whisper, encoded, kv), ExactScorer(whisper, encoded, kv)
     with torch.inference_mode():
         one.prefill(tokens[:, :3], None, positions[:, :3])
         many.prefill(tokens[:, :3], None, positions[:, :3])
@@ -223,18 +189,8 @@ def test_exact_scorer_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
     assert s == 40
     if dtype == torch.bfloat16:  # oneDNN's bf16 GEMM computes a row the same in any batch: bit for bit
         assert torch.equal(torch.cat(passes, 1), steps)
-    else:  # MKL's fp32 one-row GEMV and many-row GEMM round differently (see ExactScorer)
-        torch.testing.assert_close(torch.cat(passes, 1), steps, rtol=1e-5, atol=1e-5)
-
-
-def test_parse_self_spec():
-    assert T.parse_self_spec("self", 6) == tuple(range(6))
-    assert T.parse_self_spec("self:2", 6) == (0, 1)
-    assert T.parse_self_spec("self:0-2,4,5", 6) == (0, 1, 2, 4, 5)
-    assert T.parse_self_spec("embedded", 6) is None and T.parse_self_spec("./self-model", 6) is None
-    for bad in ("self:0", "self:7", "self:3,1", "self:x", "self:0-9"):
-        with pytest.raises(SpecdecError):
-            T.parse_self_spec(bad, 6)
+    else:  # fp32's one-row GEMV and many-row GEMM sum in another order (see ExactScorer)
+        assert_same_up_to_rounding(torch.cat(passes, 1), steps, whisper_decoder_sums(whisper.config, keys=40))
 
 
 def test_encoder_runs_once_per_window_and_is_shared_with_a_same_weights_draft(tiny, tiny_dir, tmp_path, speech_wav):
@@ -244,10 +200,10 @@ def test_encoder_runs_once_per_window_and_is_shared_with_a_same_weights_draft(ti
     def count(model, name):
         hooks.append(model.model.encoder.register_forward_hook(lambda *a: calls.append(name)))
 
-    same = T.load_draft(str(tiny_dir), tiny, head_size=None)  # loaded again: other objects, same weights
+    same = T.load_draft(str(tiny_dir), tiny, draft_vocab=0)  # loaded again: other objects, same weights
     other_dir = save_tiny_whisper(tmp_path / "other", seed=5, decoder_layers=1)
-    other = T.load_draft(str(other_dir), tiny, head_size=None)
-    count(tiny.model, "target"), count(same.model, "same"), count(other.model, "other")
+    other = T.load_draft(str(other_dir), tiny, draft_vocab=0)
+    count(tiny.model, "target"), count(same.loaded.model, "same"), count(other.loaded.model, "other")
     try:
         audio = np.concatenate([load_audio(speech_wav)] * 12)  # 36 s: two windows
         kw = dict(audios=[audio], max_new_tokens=6, no_speech_threshold=1.0, language="en")
@@ -268,29 +224,28 @@ def test_batches_of_windows_give_the_same_text(tiny, speech_wav):
     kw = dict(audios=audios, max_new_tokens=10, no_speech_threshold=1.0, language="en")
     names = ["a", "b", "c"]
     ar = [t.text for t in T.transcribe(tiny, None, names, mode="autoregressive", **kw)]
-    draft = T.load_draft("self", tiny, head_size=150)
+    draft = T.load_draft("self", tiny, draft_vocab=150)
     for batch in (2, 3):
         for mode, d in (("autoregressive", None), ("exact", draft)):
             assert [t.text for t in T.transcribe(tiny, d, names, mode=mode, gamma=3, batch_size=batch, **kw)] == ar
 
 
 def test_sampling_runs_and_reports(tiny, speech_wav):
-    draft = T.load_draft("self", tiny, head_size=150)
-    params = SamplingParams(temperature=0.8, seed=3)
-    out = T.transcribe(tiny, draft, [str(speech_wav)], mode="exact", gamma=3, params=params, max_new_tokens=12,
+    draft = T.load_draft("self", tiny, draft_vocab=150)
+    out = T.transcribe(tiny, draft, [str(speech_wav)], mode="exact", gamma=3, temperature=0.8, seed=3, max_new_tokens=12,
                        no_speech_threshold=1.0, language="en")[0]
     assert out.stats.draft_tokens > 0 and 0 <= out.stats.acceptance_rate <= 1
 
 
 def test_bench_runner(tiny_dir, speech_wav):
-    """The runner `specdec bench --task transcribe` plugs in (bench.TASK_RUNNERS["transcribe"])."""
-    from specdec_cli import bench
+    """The runner `specdec bench --task transcribe` plugs in (bench.runners.RUNNERS["transcribe"])."""
+    from specdec_cli.bench import config, contenders, runners
 
-    config = bench.TaskConfig(task="transcribe", gammas=[2, 4], modes=["exact"], dtype="float32", options={
+    cfg = config.TaskConfig(task="transcribe", gammas=[2, 4], modes=["exact"], dtype="float32", options={
         "target": str(tiny_dir), "inputs": [str(speech_wav)], "references": ["the cat"], "max_new_tokens": 6,
         "language": "en", "draft_vocab": 150})
     done = []
-    records = bench.aggregate(T.bench_runner(config, done.append))
+    records = contenders.aggregate(runners.run_task(cfg, done.append))
     assert [(r.mode, r.gamma) for r in records] == [("autoregressive", 0), ("exact", 2), ("exact", 4)]
     assert done == ["autoregressive", "exact γ=2", "exact γ=4"]
     assert all(r.new_tokens > 0 and "wer" in r.quality for r in records)
@@ -298,11 +253,11 @@ def test_bench_runner(tiny_dir, speech_wav):
 
 
 def test_language_and_task_checks(tiny):
-    T.check_language_task(tiny, "de", "translate")
+    check_language_task(tiny, "de", "translate")
     with pytest.raises(SpecdecError, match="unknown"):
-        T.check_language_task(tiny, "xx", "transcribe")
+        check_language_task(tiny, "xx", "transcribe")
     with pytest.raises(SpecdecError, match="translate"):
-        T.check_language_task(tiny, "en", "summarize")
+        check_language_task(tiny, "en", "summarize")
 
 
 # ---- the CLI -------------------------------------------------------------------------------------------
@@ -412,13 +367,13 @@ def test_a_causal_lm_is_not_a_whisper_target(tmp_path, speech_wav):
 
 @pytest.fixture(scope="module")
 def base(session_model_cache):
-    from specdec_cli import whisper_convert as wc
+    from specdec_cli.models import whisper_convert as wc
 
     if "base" not in set(wc.iter_embedded_installed()):
         pytest.skip(f"Whisper base not installed: `make models-test` or `{wc.install_command('base')}`")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_CACHE", str(session_model_cache))  # converted once per test session
-        yield T.load_whisper("embedded", dtype="bfloat16", device="cpu", progress=False)
+        yield load_whisper("embedded", dtype="bfloat16", device="cpu", progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from specdec_cli.errors import NonFiniteLogitsError
 from specdec_cli.kernels.exact import verify_exact_torch, verify_exact_triton
 from specdec_cli.kernels.reference import verify_reference
 from specdec_cli.kernels.sigmoid import verify_sigmoid_torch, verify_sigmoid_triton
-from specdec_cli.verify import verify, verify_greedy
+from specdec_cli.decoding.verify import verify, verify_greedy
 
 EXACT = {"torch": verify_exact_torch, "triton": verify_exact_triton}
 

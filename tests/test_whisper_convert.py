@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_cli import whisper_convert as wc
-from specdec_cli.audio import librivox_clips, load_audio
+from specdec_cli.models import LoadedModel
+from specdec_cli.models import whisper_convert as wc
+from specdec_cli.models.whisper import prompt_ids, special_ids
+from specdec_cli.tasks.audio import librivox_clips, load_audio
 from specdec_cli.errors import SpecdecError
 
 INSTALLED = set(wc.iter_embedded_installed())
@@ -292,8 +294,9 @@ def test_base_cache_layout_and_configs(base, cache):
     assert len(tok) == model.config.vocab_size == 51865
     assert tok.convert_tokens_to_ids("<|0.00|>") == 50364 and tok.convert_tokens_to_ids("<|30.00|>") == 51864
     assert processor.feature_extractor.feature_size == 80
-    assert wc.decoder_prompt(g, "en") == [50258, 50259, 50359, 50363]
-    assert tok.decode(wc.decoder_prompt(g, "en")) == "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
+    prompt = prompt_ids(special_ids(LoadedModel(model, tok, "base", "embedded", processor=processor)), "en", "transcribe")
+    assert prompt == [50258, 50259, 50359, 50363]
+    assert tok.decode(prompt) == "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
 
 
 @needs_base
@@ -331,7 +334,8 @@ def test_tiny_en_converts_and_transcribes(cache):
     assert (model.config.vocab_size, model.config.d_model, model.config.decoder_layers) == (51864, 384, 4)
     g = model.generation_config
     assert not g.is_multilingual and g.no_timestamps_token_id == 50362 and g.decoder_start_token_id == 50257
-    assert wc.decoder_prompt(g) == [50257, 50362]
+    ids = special_ids(LoadedModel(model, processor.tokenizer, "tiny.en", "embedded", processor=processor))
+    assert prompt_ids(ids, None, "transcribe") == [50257, 50362] and not ids.multilingual
     assert len(processor.tokenizer) == 51864
     wav, ref = CLIPS[4]  # "he might even have been made amiable himself"
     feats = processor(load_audio(wav), sampling_rate=16000, return_tensors="pt").input_features

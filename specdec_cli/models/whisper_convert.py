@@ -4,7 +4,7 @@ faster-whisper models are CTranslate2 (CT2) directories: `model.bin` (named arra
 (suppress lists, language ids, alignment heads), `tokenizer.json` and `vocabulary.txt`. This module reads
 `model.bin` with numpy alone, maps every array onto `WhisperForConditionalGeneration`, builds the config,
 generation config and processor, and caches the result (safetensors, fp16 as in the source) in
-<cache root>/models/whisper-<name> (specdec_cli.cache: $SPECDEC_CACHE or the user cache dir), so that
+<cache root>/models/whisper-<name> (cache.py: $SPECDEC_CACHE or the user cache dir), so that
 the conversion runs once.
 
     model, processor = load_embedded_whisper("base", dtype=torch.bfloat16, device="cpu")
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_cli import cache
 from specdec_cli.errors import SpecdecError
+from specdec_cli.models import cache
+from specdec_cli.models.progress import quiet_transformers
 
 # Bump when the conversion output changes: caches written by another version are rebuilt.
 CONVERTER_VERSION = 1
@@ -486,27 +487,6 @@ def build_configs(dims: dict, ct2_config: dict, sp: SpecialTokens):
     return config, GenerationConfig(**gen)
 
 
-def decoder_prompt(generation_config, language: str | None = "en", task: str = "transcribe",
-                   timestamps: bool = False) -> list[int]:
-    """The forced decoder prefix: [<sot>, <lang>, <task>, <notimestamps>] (English-only: [<sot>, <notimestamps>]).
-
-    `language` is a code ("en") or None for a multilingual model whose language the caller detected
-    elsewhere (then the prefix stops at <sot>: append the detected language token and the task).
-    """
-    g = generation_config
-    ids = [g.decoder_start_token_id]
-    if getattr(g, "is_multilingual", False):
-        if language is None:
-            return ids
-        tok = language if language.startswith("<|") else f"<|{language.lower()}|>"
-        if tok not in g.lang_to_id:
-            raise SpecdecError(f"unknown language {language!r} for this Whisper model")
-        ids += [g.lang_to_id[tok], g.task_to_id[task]]
-    if not timestamps:
-        ids.append(g.no_timestamps_token_id)
-    return ids
-
-
 # ----------------------------------------------------------------------------------------------
 # Locating the packages, converting, caching
 # ----------------------------------------------------------------------------------------------
@@ -559,20 +539,6 @@ def locate_embedded(name: str) -> SourceFiles:
                        found["vocabulary.txt"], versions)
 
 
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Hide transformers' own tqdm bars (loading/writing shards): our rich status says what happens."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
 def _progress():
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -593,7 +559,7 @@ def convert_ct2_whisper(src: SourceFiles, out: Path, show_progress: bool = True,
     )
 
     cm = _progress() if show_progress else contextlib.nullcontext()
-    with cm as progress, _quiet_transformers():
+    with cm as progress, quiet_transformers():
         task = progress.add_task(f"converting {label}", total=4) if progress is not None else None
         done = [0]
 
@@ -639,7 +605,7 @@ def cache_key(name: str) -> str:
 
 
 def cache_dir(name: str) -> Path:
-    """Where the converted model lives: <cache root>/models/whisper-<name> (see specdec_cli.cache)."""
+    """Where the converted model lives: <cache root>/models/whisper-<name> (see cache.py)."""
     return cache.entry_path(cache_key(name))
 
 
@@ -674,13 +640,9 @@ def load_embedded_whisper(name: str = "base", dtype=None, device="cpu", show_pro
     import torch
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-    if isinstance(dtype, str):  # "float32", "bfloat16", "float16"
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise SpecdecError(f"unknown dtype {dtype!r}")
-        dtype = getattr(torch, dtype)
     dtype = torch.float32 if dtype is None else dtype
     path = ensure_converted(name, show_progress=show_progress)
-    with _quiet_transformers():
+    with quiet_transformers():
         model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
         processor = WhisperProcessor.from_pretrained(path)
     return model, processor

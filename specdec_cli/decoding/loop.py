@@ -13,229 +13,26 @@ Invariant between rounds: the last slot (`pending`) holds each row's newest toke
 has seen yet; the target cache holds every slot before it; the draft cache may lag behind (it never
 sees its own last draft token when all are accepted) and is fed the missing slots next round.
 
-A model enters through `Decoder`, a small adapter (prefill / forward / crop / select) so that an
-encoder-decoder (Whisper) can plug in: extra forward kwargs (the encoder output) and a logits hook
-(suppressed tokens) are part of it.
+A model enters through a `Decoder` (adapters.py); the accept/reject rule is kernels/reference.py's,
+reached through verify.py.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 
-import specdec_cli.verify as verification
+from specdec_cli import options
+from specdec_cli.decoding import verify as verification
+from specdec_cli.decoding.adapters import Decoder, as_decoder
+from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
+from specdec_cli.decoding.stats import GenerationResult, GenerationStats
 from specdec_cli.errors import SpecdecError
-from specdec_cli.sampling import (
-    SamplingParams,
-    process_logits,
-    sample_logits,
-    uniforms,
-)
 
-MODES = ("autoregressive", "baseline", "exact", "sigmoid", "reference")
-GAMMA_SCHEDULES = ("constant", "heuristic")
-
-# logits [B, T, V], positions [B, T] of the tokens these logits predict -> logits (e.g. −inf where
-# a token is suppressed)
-LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-# ----------------------------------------------------------------------------------------------------
-# The model adapter
-
-
-class Decoder:
-    """A decoder with a KV cache, as the loop sees it. Subclass and override `_call` / `new_cache`
-    for models whose forward differs from a causal LM's (Whisper: decoder_input_ids, encoder_outputs).
-
-    forward_kwargs: passed to every forward (e.g. encoder_outputs); tensors whose first dim is the
-    batch are row-selected with the cache when sequences finish.
-    logits_hook: applied to every logits tensor this decoder returns.
-    """
-
-    def __init__(self, model, *, forward_kwargs: dict | None = None, logits_hook: LogitsHook | None = None):
-        self.model = model
-        self.forward_kwargs = dict(forward_kwargs or {})
-        self.logits_hook = logits_hook
-        self.cache = None
-        self.length = 0  # slots in the cache
-        params = inspect.signature(model.forward).parameters
-        self._keeps_logits = "logits_to_keep" in params
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def vocab_size(self) -> int:
-        head = self.model.get_output_embeddings()
-        return head.weight.shape[0] if head is not None else self.model.config.vocab_size
-
-    def new_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
-
-    def reset(self) -> None:
-        self.cache = self.new_cache()
-        self.length = 0
-
-    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
-        """One forward over tokens [B, T] at slots length..length+T -> logits [B, T or keep, V]."""
-        kwargs = dict(self.forward_kwargs)
-        if self._keeps_logits and keep:
-            kwargs["logits_to_keep"] = keep
-        out = self.model(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            **kwargs,
-        )
-        return out.logits[:, -keep:] if keep else out.logits
-
-    def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
-        """tokens [B, T], mask [B, length+T] bool or None (all valid), positions [B, T]
-        -> logits [B, T, V] (the last `keep` positions only, when keep > 0); the cache grows by T."""
-        logits = self._call(tokens, mask, positions, keep)
-        self.length += tokens.shape[1]
-        if self.logits_hook is not None:
-            logits = self.logits_hook(logits, positions[:, -logits.shape[1] :] + 1)
-        return logits
-
-    def prefill(self, tokens, mask, positions) -> None:
-        """Fill a fresh cache with the prompt slots; their logits are not needed."""
-        self.reset()
-        if tokens.shape[1] > 0:
-            self._call(tokens, mask, positions, keep=1)
-            self.length = tokens.shape[1]
-
-    def crop(self, length: int) -> None:
-        """Drop every slot from `length` on (no recomputation of the prefix)."""
-        if length < self.length:
-            self.cache.crop(length - self.length)  # transformers 5: a negative count to remove
-            self.length = length
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (int64 [B'])."""
-        if self.length > 0:
-            self.cache.batch_select_indices(rows)
-        self.forward_kwargs = {k: _select_rows(v, rows) for k, v in self.forward_kwargs.items()}
-
-
-class Seq2SeqDecoder(Decoder):
-    """The decoder half of an encoder-decoder model (Whisper). Run the encoder once and pass its output
-    as forward_kwargs={"encoder_outputs": ...} to both the target's and the draft's Seq2SeqDecoder."""
-
-    def new_cache(self):
-        from transformers import DynamicCache, EncoderDecoderCache
-
-        return EncoderDecoderCache(DynamicCache(), DynamicCache())  # self-attention, cross-attention
-
-    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
-        out = self.model(
-            decoder_input_ids=tokens,
-            decoder_attention_mask=mask,
-            decoder_position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            **self.forward_kwargs,
-        )
-        return out.logits[:, -keep:] if keep else out.logits
-
-
-def _select_rows(value, rows: torch.Tensor):
-    if isinstance(value, torch.Tensor) and value.dim() > 0:
-        return value.index_select(0, rows.to(value.device))
-    if isinstance(value, dict):  # includes transformers' ModelOutput (e.g. BaseModelOutput)
-        return type(value)(**{k: _select_rows(v, rows) for k, v in value.items()})
-    if isinstance(value, tuple):
-        return tuple(_select_rows(v, rows) for v in value)
-    return value
-
-
-def as_decoder(model) -> Decoder | None:
-    if model is None or isinstance(model, Decoder):
-        return model
-    return Decoder(model)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Results
-
-
-@dataclass
-class GenerationStats:
-    mode: str
-    gamma: int  # the initial γ (0 for autoregressive)
-    gamma_schedule: str
-    batch_size: int
-    backend: str | None = None  # which verification backend ran ("torch", "triton", ...)
-    new_tokens: int = 0  # emitted tokens, all rows (EOS included)
-    target_calls: int = 0  # target forward passes after the prefill
-    row_calls: int = 0  # Σ over target calls of the rows in that batch
-    draft_calls: int = 0  # draft forward passes after the prefill
-    draft_tokens: int = 0  # Σ over rows of the draft tokens proposed
-    accepted_tokens: int = 0  # Σ over rows of the draft tokens accepted
-    verify_calls: int = 0
-    wall_s: float = 0.0
-    prefill_s: float = 0.0
-    draft_s: float = 0.0  # draft forwards + draft sampling
-    target_s: float = 0.0  # target forwards (scoring) after the prefill
-    verify_s: float = 0.0  # the verify / verify_greedy call alone
-    gamma_history: list[int] = field(default_factory=list)  # γ of each round
-    accepted_histogram: list[int] = field(default_factory=list)  # [k]: verifications accepting k
-    # derived (filled by finish)
-    acceptance_rate: float | None = None  # accepted / drafted
-    mean_accepted_per_call: float | None = None  # draft tokens accepted per row per verification
-    mean_tokens_per_call: float | None = None  # tokens emitted per row per target call
-    tokens_per_s: float = 0.0
-    verify_ms_per_call: float | None = None
-    overhead_s: float = 0.0  # wall − prefill − draft − target − verify: the loop's own cost
-
-    def finish(self) -> "GenerationStats":
-        self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-        verifications = sum(self.accepted_histogram)
-        self.mean_accepted_per_call = self.accepted_tokens / verifications if verifications else None
-        self.mean_tokens_per_call = self.new_tokens / self.row_calls if self.row_calls else None
-        self.tokens_per_s = self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
-        self.verify_ms_per_call = 1e3 * self.verify_s / self.verify_calls if self.verify_calls else None
-        self.overhead_s = self.wall_s - self.prefill_s - self.draft_s - self.target_s - self.verify_s
-        return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[list[int]]  # new tokens of each input row, in input order (EOS included)
-    finish_reasons: list[str]  # "eos" | "length"
-    stats: GenerationStats
-
-
-_SUMMED = ("new_tokens", "target_calls", "row_calls", "draft_calls", "draft_tokens", "accepted_tokens",
-           "verify_calls", "wall_s", "prefill_s", "draft_s", "target_s", "verify_s")
-
-
-def merge_stats(parts: Iterable[GenerationStats], into: GenerationStats) -> GenerationStats:
-    """Sum the decoding stats of several generate() calls into `into` (not finished: call finish())."""
-    for s in parts:
-        for name in _SUMMED:
-            setattr(into, name, getattr(into, name) + getattr(s, name))
-        into.backend = s.backend or into.backend
-        into.gamma_history.extend(s.gamma_history)
-        h = into.accepted_histogram
-        h.extend([0] * (len(s.accepted_histogram) - len(h)))
-        for i, n in enumerate(s.accepted_histogram):
-            h[i] += n
-    return into
+MODES = ("autoregressive", *options.VERIFY_MODES)  # generate() also runs the reference, for tests
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -439,36 +236,34 @@ def generate(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
-    mode: str = "exact",
-    gamma: int = 5,
-    gamma_schedule: str = "constant",
-    params: SamplingParams = SamplingParams(),
-    max_new_tokens: int = 64,
+    mode: str = options.DecodeOptions.mode,
+    gamma: int = options.DecodeOptions.gamma,
+    gamma_schedule: str = options.DecodeOptions.gamma_schedule,
+    params: SamplingParams | None = None,
+    max_new_tokens: int = options.DecodeOptions.max_new_tokens,
     eos_token_ids: Iterable[int] | int | None = (),
-    alpha: float = -1e4,
-    beta: float = 1e4,
-    backend: str = "auto",
+    alpha: float = options.DecodeOptions.alpha,
+    beta: float = options.DecodeOptions.beta,
+    backend: str = options.DecodeOptions.backend,
     vocab_size: int | None = None,
-    draft_stop_below: float = 0.0,
+    draft_stop_below: float = options.DecodeOptions.draft_stop,
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
     target, draft_model: transformers causal LMs or `Decoder`s (draft_model unused, may be None, for
-    mode="autoregressive"). vocab_size: the V both models' logits are cut to (models.check_compatible's
-    answer when lm_heads carry padding rows); default: the target's lm_head rows. draft_stop_below:
-    end a round's drafting early when the draft is unsure (see `draft`); 0 = always draft γ.
-    Returns the new tokens of each row and the run's stats."""
-    if mode not in MODES:
-        raise SpecdecError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
-    if gamma_schedule not in GAMMA_SCHEDULES:
-        raise SpecdecError(f"unknown gamma schedule {gamma_schedule!r}; choose constant or heuristic")
+    mode="autoregressive"). params: temperature, top-k, top-p, seed (default: greedy). vocab_size: the V
+    both models' logits are cut to (models.check_compatible's answer when lm_heads carry padding rows);
+    default: the target's lm_head rows. draft_stop_below: end a round's drafting early when the draft is
+    unsure (see `draft`); 0 = always draft γ. Returns the new tokens of each row and the run's stats."""
+    options.one_of("--mode", mode, MODES)
+    options.one_of("--gamma-schedule", gamma_schedule, options.GAMMA_SCHEDULES)
     speculative = mode != "autoregressive"
-    if speculative and gamma < 1:
-        raise SpecdecError(f"gamma must be >= 1, got {gamma}")
+    if speculative:
+        options.check_gamma(gamma)
     if speculative and draft_model is None:
         raise SpecdecError(f"mode {mode!r} needs a draft model")
-    if max_new_tokens < 0:
-        raise SpecdecError(f"max-new-tokens must be >= 0, got {max_new_tokens}")
+    options.at_least("--max-new-tokens", max_new_tokens, 0)
+    params = SamplingParams() if params is None else params
     eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or ())
 
     target = as_decoder(target)

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-MODES = ("reference", "baseline", "exact", "sigmoid")
+from specdec_cli import kernels, options
+from specdec_cli.errors import NonFiniteLogitsError
+from specdec_cli.kernels import baseline, exact, reference, sigmoid
 
 
 @dataclass
@@ -34,10 +36,9 @@ class Verified:
 
 
 def _use_triton(backend: str, device: torch.device) -> bool:
+    options.one_of("--backend", backend, options.BACKENDS)
     if backend == "auto":
         return device.type == "cuda"
-    if backend not in ("torch", "triton"):
-        raise ValueError(f"backend must be auto, torch or triton, not {backend!r}")
     return backend == "triton"
 
 
@@ -64,11 +65,7 @@ def verify(
     >>> verify("exact", toks, q, z, torch.ones(B, g + 1)).num_accepted   # p == q: always accepted
     tensor([2])
     """
-    from specdec_cli import kernels
-    from specdec_cli.kernels import baseline, exact, reference, sigmoid
-
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    options.one_of("mode", mode, options.VERIFY_MODES)
     if mode == "reference":
         return Verified(*reference.verify_reference(draft_tokens, draft_probs, target_logits, uniforms, temperature), "torch")
     if mode == "baseline":
@@ -87,10 +84,7 @@ def verify(
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verified:
     """Temperature 0: accept while the draft token is the target's argmax (kernels/reference.py)."""
-    from specdec_cli.errors import NonFiniteLogitsError
-    from specdec_cli.kernels.reference import verify_greedy as greedy
-
     top = target_logits.amax(dim=-1)  # [B, γ+1]; NaN or +inf anywhere in a row shows up here
     if not torch.isfinite(top).all():
         raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")
-    return Verified(*greedy(draft_tokens, target_logits), "torch")
+    return Verified(*reference.verify_greedy(draft_tokens, target_logits), "torch")

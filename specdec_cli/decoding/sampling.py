@@ -15,23 +15,27 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_cli.errors import SpecdecError
+from specdec_cli import options
+from specdec_cli.kernels.exact import draw_from_weights
+
+_DEFAULTS = options.DecodeOptions()
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    seed: int | None = 0  # None: a fresh random seed
+    temperature: float = _DEFAULTS.temperature  # 0 = greedy
+    top_k: int = _DEFAULTS.top_k  # 0 = off
+    top_p: float = _DEFAULTS.top_p  # 1 = off
+    seed: int | None = _DEFAULTS.seed  # None: a fresh random seed
 
     def __post_init__(self):
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise SpecdecError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise SpecdecError(f"top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise SpecdecError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        options.check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.seed is not None:
+            options.check_seed(self.seed)
+
+    @classmethod
+    def of(cls, opts: options.DecodeOptions) -> "SamplingParams":
+        return cls(opts.temperature, opts.top_k, opts.top_p, opts.seed)
 
     @property
     def greedy(self) -> bool:
@@ -97,8 +101,6 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF: probs [B, V] (need not be normalised), u [B] in (0, 1] -> int64 [B]: the first token
     whose running sum reaches u · Σ probs; a zero-probability token is never returned. The same draw
     verification uses for its resampled token (kernels/exact.py)."""
-    from specdec_cli.kernels.exact import draw_from_weights
-
     return draw_from_weights(probs, u)
 
 

@@ -2,7 +2,7 @@
 
 At batch 1 a decoding step multiplies one activation row by every weight matrix, so its time is the
 time to read the weights. Int8 weights (one scale per output row, symmetric, rounded to nearest) are
-half the bytes of bf16, and torch's int8 GEMV (`_weight_int8pack_mm`) also reads them faster than its
+half the bytes of bf16, and torch's int8 GEMV (internals.int8_weight_mm) also reads them faster than its
 bf16 GEMV reads bf16: on this project's 2-core Xeon the Qwen2.5-0.5B draft's step drops from about
 100 ms to about 55 ms, while the 1.5B target's step stays at about 290 ms (benchmarks/README.md).
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from specdec_cli import internals
 
 GEMV_ROWS = 16  # up to this many rows (batch × new tokens) use the int8 weight
 
@@ -37,7 +39,7 @@ class Int8Linear(nn.Module):
         rows = x.numel() // self.in_features
         if rows > GEMV_ROWS or x.device.type != "cpu" or x.dtype != self.scale.dtype:
             return nn.functional.linear(x, self.weight, self.bias)
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, self.in_features), self.qweight, self.scale)  # [rows, out]
+        y = internals.int8_weight_mm(x.reshape(rows, self.in_features), self.qweight, self.scale)  # [rows, out]
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -54,7 +56,7 @@ def quantize_linears(module: nn.Module, skip: nn.Module | None = None) -> nn.Mod
 
 def quantize_draft(draft) -> None:
     """Int8 for a draft (models.LoadedModel) on a CPU: its decoder layers when it owns them (not a
-    self:K draft), and its output layer (after draft_head.restrict_head: the subset's projection)."""
+    self:K draft), and its output layer (after subset_head.restrict_head: the subset's projection)."""
     model = draft.model
     if draft.device.type != "cpu":
         return

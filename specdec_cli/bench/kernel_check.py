@@ -14,9 +14,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from specdec_cli.errors import SpecdecError
+from specdec_cli import options
+from specdec_cli.bench.cases import make_case
 from specdec_cli.kernels import exact, reference, sigmoid, triton_backend_name
-from specdec_cli.synthetic import make_case
+
+MODES = ("exact", "sigmoid")
 
 DIST_VOCAB = 8  # the distribution test draws over a small vocabulary, so every token is seen often
 P_VALUE_MIN = 1e-3
@@ -49,19 +51,14 @@ class KernelReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def validate(vocab: int, gamma: int, batch: int, samples: int, alpha: float, beta: float, cases: int):
-    if vocab < 2:
-        raise SpecdecError(f"--vocab must be at least 2 (got {vocab})")
-    if not 1 <= gamma <= 32:
-        raise SpecdecError(f"--gamma must be between 1 and 32 (got {gamma})")
-    if batch < 1:
-        raise SpecdecError(f"--batch must be at least 1 (got {batch})")
-    if samples < 1:
-        raise SpecdecError(f"--samples must be at least 1 (got {samples})")
-    if cases < 1:
-        raise SpecdecError(f"--cases must be at least 1 (got {cases})")
-    if not alpha < beta:
-        raise SpecdecError(f"--alpha must be below --beta (got α={alpha}, β={beta})")
+def validate(mode: str, vocab: int, gamma: int, batch: int, samples: int, alpha: float, beta: float, cases: int):
+    options.one_of("--mode", mode, MODES)
+    options.at_least("--vocab", vocab, 2)
+    options.check_gamma(gamma)
+    options.at_least("--batch", batch, 1)
+    options.at_least("--samples", samples, 1)
+    options.at_least("--cases", cases, 1)
+    options.check_sigmoid(alpha, beta)
 
 
 def _case(batch, gamma, vocab, seed, device):
@@ -104,7 +101,7 @@ def run(mode, *, vocab=32000, gamma=5, batch=4, samples=100_000, alpha=-1e4, bet
     """Run every check of `mode` ("exact" | "sigmoid") and return the report."""
     from scipy.stats import chisquare
 
-    validate(vocab, gamma, batch, samples, alpha, beta, cases)
+    validate(mode, vocab, gamma, batch, samples, alpha, beta, cases)
     kernel_backend = triton_backend_name()
     report = KernelReport(mode, kernel_backend, str(device), vocab, gamma, batch, samples)
     step = progress or (lambda _msg: None)

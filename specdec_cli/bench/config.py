@@ -1,0 +1,197 @@
+"""What a `specdec bench` run is asked to measure, checked before anything runs.
+
+    SyntheticConfig   one verification step on synthetic logits, over a grid V × B × γ × provider
+    TaskConfig        a decoding task (summarize, transcribe), every γ × mode, plus autoregressive once
+
+Their options follow the rules of specdec_cli.options; a task's decoding options default to the CLI's
+(runners.task_options), so a bench measures what users run unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+from specdec_cli import options
+from specdec_cli.bench import runners
+from specdec_cli.bench.machine import load_average
+from specdec_cli.errors import SpecdecError
+
+TASKS = ("synthetic", *runners.RUNNERS)
+SYNTHETIC_MODES = ("baseline", "exact", "sigmoid", "hf")  # hf: transformers' _speculative_sampling
+TASK_MODES = options.SPECULATIVE_MODES  # autoregressive always runs too: it is the reference
+SYNTHETIC_DTYPES = ("float32", "bfloat16", "float16")  # the logits' dtype
+
+
+def parse_ints(text: str, option: str) -> list[int]:
+    """'1,5,10' -> [1, 5, 10] (sorted, duplicates dropped). Empty items are ignored; no items is an error."""
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not items:
+        raise SpecdecError(f"{option} is empty: give a comma-separated list such as 1,5,10")
+    try:
+        return sorted({int(s) for s in items})
+    except ValueError:
+        raise SpecdecError(f"{option} must be a comma-separated list of integers (got {text!r})") from None
+
+
+def parse_names(text: str, option: str, allowed: Iterable[str]) -> list[str]:
+    """'exact,sigmoid' -> ['exact', 'sigmoid'] (order kept, duplicates dropped), each checked against allowed."""
+    allowed = tuple(allowed)
+    names = list(dict.fromkeys(s.strip() for s in str(text).split(",") if s.strip()))
+    if not names:
+        raise SpecdecError(f"{option} is empty: choose from {', '.join(allowed)}")
+    for n in names:
+        if n not in allowed:
+            raise SpecdecError(f"{option}: unknown {n!r} (choose from {', '.join(allowed)})")
+    return names
+
+
+def _check_run(repeat: int, threads: int | None, backend: str, alpha: float, beta: float) -> None:
+    options.at_least("--repeat", repeat, 1)
+    if threads is not None:
+        options.at_least("--threads", threads, 1)
+    options.one_of("--backend", backend, options.BACKENDS)
+    options.check_sigmoid(alpha, beta)
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _threads_arg(threads) -> list[str]:
+    return [] if threads is None else ["--threads", str(threads)]
+
+
+def _join(xs) -> str:
+    return ",".join(str(x) for x in xs)
+
+
+@dataclass
+class SyntheticConfig:
+    vocabs: list[int]
+    gammas: list[int]
+    batches: list[int]
+    modes: list[str]
+    device: str = "cpu"
+    dtype: str = "float32"
+    overlap: float = 0.8
+    repeat: int = 50
+    backend: str = "auto"
+    alpha: float = options.DecodeOptions.alpha
+    beta: float = options.DecodeOptions.beta
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads; None: torch's default
+
+    def validate(self) -> "SyntheticConfig":
+        for option, grid in (("--vocab", self.vocabs), ("--gamma", self.gammas), ("--batch", self.batches),
+                             ("--modes", self.modes)):
+            if not grid:
+                raise SpecdecError(f"{option} is empty")
+        options.at_least("--vocab", min(self.vocabs), 2)
+        for g in self.gammas:
+            options.check_gamma(g)
+        options.at_least("--batch", min(self.batches), 1)
+        for m in self.modes:
+            options.one_of("--modes", m, SYNTHETIC_MODES)
+        if self.modes == ["hf"] and 1 not in self.batches:
+            raise SpecdecError("--modes hf runs at batch 1 only: add 1 to --batch")
+        options.one_of("--dtype", options.dtype_name(self.dtype), SYNTHETIC_DTYPES)
+        _check_run(self.repeat, self.threads, self.backend, self.alpha, self.beta)
+        if not 0.0 < self.overlap <= 1.0:
+            raise SpecdecError(f"--overlap must be in (0, 1] (got {self.overlap})")
+        return self
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, options.dtype_name(self.dtype))
+
+    def kernel_backend(self) -> str:
+        """Which backend exact/sigmoid run on: the --backend choice, auto = triton on CUDA, torch on CPU."""
+        if self.backend == "auto":
+            return "triton" if self.device == "cuda" else "torch"
+        return self.backend
+
+    def command(self) -> str:
+        """A command line that reproduces this run."""
+        args = ["specdec", "bench", "--task", "synthetic", "--vocab", _join(self.vocabs), "--gamma",
+                _join(self.gammas), "--batch", _join(self.batches), "--modes", ",".join(self.modes),
+                "--device", self.device, "--dtype", self.dtype, "--overlap", str(self.overlap), "--repeat",
+                str(self.repeat), "--backend", self.backend, "--alpha", str(self.alpha), "--beta",
+                str(self.beta), "--seed", str(self.seed)] + _threads_arg(self.threads)
+        return shlex.join(args)
+
+
+@dataclass
+class TaskConfig:
+    """What a task runner is asked to run: every γ × every mode, plus autoregressive once (γ = 0).
+    `options` carries the task's own settings (runners.TASK_OPTIONS); what it leaves out, and dtype, backend,
+    α, β and seed left at their defaults, are the CLI's defaults (runners.task_options)."""
+
+    task: str
+    gammas: list[int]
+    modes: list[str]
+    batch: int = 1
+    device: str = "cpu"
+    dtype: str = options.DecodeOptions.dtype
+    repeat: int = 1
+    backend: str = options.DecodeOptions.backend
+    alpha: float = options.DecodeOptions.alpha
+    beta: float = options.DecodeOptions.beta
+    seed: int = options.DecodeOptions.seed
+    threads: int | None = None
+    options: dict = field(default_factory=dict)
+
+    def validate(self) -> "TaskConfig":
+        """Checks every option (the task's decoding options through options.DecodeOptions.validate), finds
+        the inputs and reads them, all before any model loads."""
+        if self.task not in runners.RUNNERS:
+            raise SpecdecError(f"--task {self.task}: no runner is registered for it (choose from {', '.join(runners.RUNNERS)})")
+        if not self.gammas:
+            raise SpecdecError("--gamma is empty")
+        if not self.modes:
+            raise SpecdecError(f"--modes is empty: choose from {', '.join(TASK_MODES)} (autoregressive always runs)")
+        for m in self.modes:
+            if m not in TASK_MODES:
+                raise SpecdecError(f"--modes: unknown {m!r} for --task {self.task} (choose from {', '.join(TASK_MODES)})")
+        if self.options.get("limit") is not None:
+            options.at_least("--limit", self.options["limit"], 1)
+        _check_run(self.repeat, self.threads, self.backend, self.alpha, self.beta)
+        base = runners.task_options(self)
+        for g in self.gammas:
+            base.replace(gamma=g).validate()
+        runners.read_inputs(self.task, runners.task_inputs(self)[0])
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return not self.options.get("temperature")
+
+    def command(self) -> str:
+        args = ["specdec", "bench", "--task", self.task, "--gamma", _join(self.gammas), "--modes",
+                ",".join(self.modes), "--batch", str(self.batch), "--device", self.device, "--dtype", self.dtype,
+                "--repeat", str(self.repeat), "--backend", self.backend, "--alpha", str(self.alpha), "--beta",
+                str(self.beta), "--seed", str(self.seed)] + _threads_arg(self.threads)
+        for key in runners.TASK_OPTIONS:
+            if self.options.get(key) is not None:
+                args += [_flag(key), str(self.options[key])]
+        return shlex.join(args)
+
+
+def warnings_for(config: SyntheticConfig | TaskConfig) -> list[str]:
+    """Things about this run the user should know before trusting its numbers."""
+    out = []
+    if config.backend == "triton" and config.device == "cpu":
+        out.append("--backend triton on a CPU runs the Triton interpreter: very slow, and its timings "
+                   "measure the interpreter, not the kernel")
+    if isinstance(config, TaskConfig) and config.greedy and len(config.modes) > 1:
+        out.append("greedy decoding (--temperature 0) verifies by argmax match in every mode: baseline, exact and "
+                   "sigmoid then run the same code and differ only by noise; pass --temperature 1 to compare them")
+    load = load_average()
+    cores = os.cpu_count() or 1
+    if load is not None and load > cores:
+        out.append(f"the machine is busy (load average {load:.1f} on {cores} cores): timings will be noisy")
+    return out

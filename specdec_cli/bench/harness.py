@@ -1,0 +1,55 @@
+"""`specdec bench`: run a benchmark (synthetic.py, or a decoding task through runners.py) and gather
+everything its outputs need (results.py).
+
+    config.py      what a run is asked to measure, checked first
+    synthetic.py   one verification step per provider, side by side, over V × B × γ; cases.py its inputs
+    runners.py     the decoding tasks: inputs, options (the CLI's defaults), one runner for all
+    contenders.py  autoregressive then γ × mode over the inputs; records, speedups, Leviathan's prediction
+    machine.py     the machine, the CPU others took, peak memory
+    results.py     BenchResults, JSON, CSV; plots.py the PNGs
+    kernel_check.py  `specdec verify-kernel`
+    timing.py, speedup.py, metrics.py   timing harness, Leviathan's model, ROUGE and WER
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from specdec_cli.bench import runners
+from specdec_cli.bench.config import SyntheticConfig, TaskConfig
+from specdec_cli.bench.contenders import Progress, aggregate
+from specdec_cli.bench.machine import machine_info
+from specdec_cli.bench.results import BenchResults
+from specdec_cli.bench.synthetic import grid, run_synthetic, spread_warnings
+
+
+def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
+        warnings: list[str] | None = None) -> BenchResults:
+    """Run a benchmark and gather everything its outputs need."""
+    saved_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        machine = machine_info(config.device)
+        if isinstance(config, SyntheticConfig):
+            records = run_synthetic(config, progress)
+            task = "synthetic"
+        else:
+            records = aggregate(runners.run_task(config, progress or (lambda _msg: None)), greedy=config.greedy)
+            task = config.task
+    finally:
+        torch.set_num_threads(saved_threads)
+    warnings = list(warnings or [])
+    if task == "synthetic":
+        warnings += spread_warnings(records)
+    return BenchResults(task, config.command(), asdict(config), machine, records, warnings)
+
+
+
+def total_steps(config: SyntheticConfig | TaskConfig) -> int:
+    """Units of progress a run reports (grid points; for a task, γ × modes + autoregressive)."""
+    if isinstance(config, SyntheticConfig):
+        return len(grid(config))
+    return len(config.gammas) * len(config.modes) + 1

@@ -1,0 +1,101 @@
+"""What a bench run produced, and how it is written: BenchResults (the records, the command, the machine),
+JSON, CSV and the plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specdec_cli.bench import plots
+from specdec_cli.bench.contenders import TASK_COST_COLUMNS, TASK_QUALITY_COLUMNS, TASK_SPEED_COLUMNS
+from specdec_cli.bench.synthetic import SYNTHETIC_COLUMNS
+from specdec_cli.errors import SpecdecError
+
+
+@dataclass
+class BenchResults:
+    task: str
+    command: str  # a command line that reproduces the run
+    config: dict
+    machine: dict
+    records: list  # SyntheticRecord | TaskRecord
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def tables(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """The tables shown: (title, columns as (field, header)); every field is in to_dict()['results']."""
+        if self.task == "synthetic":
+            cols = list(SYNTHETIC_COLUMNS)
+            if not any(r.gb_per_s is not None for r in self.records):
+                cols = [c for c in cols if c[0] != "gb_per_s"]
+            return [("", cols)]
+        keys = list(dict.fromkeys(k for r in self.records for k in r.quality))
+        return [("speed: measured over autoregressive, and predicted from α and c", list(TASK_SPEED_COLUMNS)),
+                ("acceptance and cost", list(TASK_COST_COLUMNS)),
+                ("quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
+
+    def to_dict(self) -> dict:
+        return {
+            "task": self.task,
+            "command": self.command,
+            "argv": sys.argv,
+            "config": self.config,
+            "machine": self.machine,
+            "warnings": self.warnings,
+            "results": [asdict(r) for r in self.records],
+        }
+
+
+def value(record, key: str):
+    """A record's field by column key; 'quality.rouge1' reaches into the quality dict."""
+    if key.startswith("quality."):
+        return record.quality.get(key.split(".", 1)[1])
+    return getattr(record, key)
+
+
+def _flat(record) -> dict:
+    row = asdict(record)
+    row.pop("outputs", None)  # texts: in the JSON only
+    quality = row.pop("quality", None) or {}
+    row.update({f"quality_{k}": v for k, v in quality.items()})
+    return row
+
+
+def write_json(results: BenchResults, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results.to_dict(), indent=2, allow_nan=True) + "\n")
+
+
+def write_csv(results: BenchResults, path: Path) -> None:
+    """One row per record: (grid point, mode) for synthetic, (γ, mode) for a task."""
+    rows = [_flat(r) for r in results.records]
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def write_outputs(results: BenchResults, *, out: Path | None = None, csv_path: Path | None = None,
+                  plot_dir: Path | None = None) -> list[Path]:
+    """Write whichever of JSON, CSV and plots were asked for; returns the paths written."""
+    written = []
+    try:
+        if out is not None:
+            write_json(results, out)
+            written.append(Path(out))
+        if csv_path is not None:
+            write_csv(results, csv_path)
+            written.append(Path(csv_path))
+        if plot_dir is not None:
+            written += plots.plot_results(results, Path(plot_dir))
+    except OSError as e:
+        raise SpecdecError(f"cannot write results: {e}") from None
+    return written

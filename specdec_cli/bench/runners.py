@@ -1,0 +1,130 @@
+"""The decoding tasks as bench sees them: where each finds its inputs, which options it runs, and one runner
+that decodes every contender (contenders.run_contenders) for any task registered in RUNNERS.
+
+A task registers here with a `Runner`: its options class (the CLI's defaults), how it reads an input, how it
+loads its (target, draft), and how it decodes inputs. The tasks know nothing of bench.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+from specdec_cli import options
+from specdec_cli.bench.contenders import WARMUP_TOKENS, Progress, TaskRecord, run_contenders
+from specdec_cli.decoding import GenerationStats, merge_stats
+from specdec_cli.errors import SpecdecError
+from specdec_cli.tasks import audio, summarize, transcribe
+
+
+@dataclass(frozen=True)
+class Runner:
+    options: type[options.DecodeOptions]  # its defaults are the CLI's
+    read: Callable[[str], Any]  # path -> input, SpecdecError when unusable
+    load_pair: Callable[..., tuple[Any, Any]]  # (options, progress) -> (target, draft)
+    decode: Callable[..., list]  # (target, draft, inputs, options) -> results with .text and .stats
+    folder: str  # its inputs under --data DIR: DIR/<folder> when that exists, else DIR
+    suffixes: tuple[str, ...]  # files with these suffixes are inputs, except *.ref.txt (references)
+    what: str  # how an error names the inputs
+
+
+def _transcribe(target, draft, inputs, opts):
+    return transcribe.transcribe(target, draft, [path for path, _ in inputs], opts,
+                                 audios=[audio for _, audio in inputs])
+
+
+RUNNERS: dict[str, Runner] = {
+    "summarize": Runner(options.SummarizeOptions, summarize.read_article, summarize.load_pair, summarize.summarize,
+                        "articles", (".txt",), "*.txt articles"),
+    "transcribe": Runner(options.TranscribeOptions, lambda p: (p, audio.load_audio(p)), transcribe.load_pair,
+                         _transcribe, "audio", (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", ".raw", ".pcm"),
+                         "audio files"),
+}
+
+# A task's own settings (TaskConfig.options), each the `specdec bench` option of that name ("max_new_tokens" ->
+# --max-new-tokens); an option left out is the CLI's default. Library callers may also pass "inputs" (paths)
+# and "references" (texts) instead of "data".
+# Any other field of the task's options class (e.g. "language") may be given too, by library callers.
+TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "draft_stop", "max_new_tokens", "temperature")
+
+
+def task_options(config) -> options.DecodeOptions:
+    """The decoding options a task bench runs (mode and γ vary per contender): the CLI's defaults, with what
+    the bench command sets. One difference, on purpose: inputs too long for the model are cut (summarize's
+    --truncate), so that one long article does not end a long run."""
+    cls = RUNNERS[config.task].options
+    names = {f.name for f in dataclasses.fields(cls)}
+    given = {k: v for k, v in config.options.items() if k in names and v is not None}
+    opts = cls(**given).replace(
+        batch_size=config.batch, device=config.device, dtype=config.dtype, backend=config.backend,
+        alpha=config.alpha, beta=config.beta, seed=config.seed)
+    return opts.replace(truncate=True) if hasattr(opts, "truncate") else opts
+
+
+def examples_dir() -> Path:
+    """The example inputs shipped with specdec (`examples/` of the source tree, package data of a wheel)."""
+    return Path(str(resources.files("specdec_cli.examples")))
+
+
+def data_files(task: str, data: str | Path | None) -> list[str]:
+    """The input files of `task` under --data (default: the shipped examples), sorted; SpecdecError when none."""
+    root = Path(data) if data is not None else examples_dir()
+    if not root.is_dir():
+        raise SpecdecError(f"--data {root}: no such directory")
+    r = RUNNERS[task]
+    where = root / r.folder if (root / r.folder).is_dir() else root
+    files = sorted(p for p in where.iterdir()
+                   if p.is_file() and p.suffix.lower() in r.suffixes and not p.name.endswith(".ref.txt"))
+    if not files:
+        raise SpecdecError(f"--data {root}: no usable files for --task {task} (expected {r.what} in it or in "
+                           f"{r.folder}/, with <name>.ref.txt references beside them)")
+    return [str(p) for p in files]
+
+
+def task_inputs(config) -> tuple[list[str], list[str] | None]:
+    """(input paths, their references; None unless every input has one), the first --limit of them, from:
+    options["inputs"] (+ options["references"]) when given; else the files under --data (data_files);
+    else the task's default: the shipped examples, and for transcribe first the LibriVox clips of Debian's
+    pocketsphinx-testdata when installed (5 clips; the examples hold one of them)."""
+    opts = config.options
+    if opts.get("inputs"):
+        inputs = [str(p) for p in opts["inputs"]]
+        refs = list(opts.get("references") or [audio.reference_for(p) for p in inputs])
+    elif opts.get("data") is None and config.task == "transcribe" and audio.librivox_clips():
+        inputs, refs = map(list, zip(*((str(w), r) for w, r in audio.librivox_clips())))
+    else:
+        inputs = data_files(config.task, opts.get("data"))
+        refs = [audio.reference_for(p) for p in inputs]
+    limit = opts.get("limit") or len(inputs)
+    inputs, refs = inputs[:limit], refs[:limit]
+    return inputs, (refs if all(r is not None for r in refs) else None)
+
+
+def read_inputs(task: str, paths: list[str]) -> list:
+    """Every input read as its task reads it (SpecdecError on an empty, binary or unreadable one)."""
+    return [RUNNERS[task].read(p) for p in paths]
+
+
+def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
+    """Every contender of `config` (a TaskConfig) over its inputs; one TaskRecord each (contenders.aggregate
+    derives the speedups). wall_s is the decoding loops' time (prefill included; reading inputs and, for
+    transcribe, the encoder left out)."""
+    r = RUNNERS[config.task]
+    paths, refs = task_inputs(config)
+    inputs = read_inputs(config.task, paths)  # every input is checked before the models load
+    opts = task_options(config)
+    target, draft = r.load_pair(opts.replace(mode=config.modes[0]), progress=False)
+
+    def decode(mode: str, gamma: int, short: bool):
+        o = opts.replace(mode=mode, gamma=max(gamma, 1))
+        if short:
+            o = o.replace(max_new_tokens=min(o.max_new_tokens, WARMUP_TOKENS))
+        results = r.decode(target, None if mode == "autoregressive" else draft, inputs[:1] if short else inputs, o)
+        batches = {id(x.stats): x.stats for x in results}.values()  # the inputs of a batch share its stats
+        stats = merge_stats(batches, GenerationStats(mode, gamma, o.gamma_schedule, o.batch_size)).finish()
+        return [x.text for x in results], stats
+
+    return run_contenders(config, decode, refs, progress or (lambda _msg: None))

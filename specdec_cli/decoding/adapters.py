@@ -1,0 +1,139 @@
+"""How a model enters the decoding loop: `Decoder`, a small adapter (prefill / forward / crop / select)
+over a Hugging Face decoder with a KV cache, so that the loop never sees a model's own calling convention.
+
+    Decoder          a causal LM (input_ids, attention_mask, position_ids, past_key_values)
+    Seq2SeqDecoder   the decoder half of an encoder-decoder (Whisper: decoder_input_ids, encoder_outputs)
+
+A draft that is not a transformers model (drafts/lean_whisper.py) subclasses Decoder and overrides the
+same four methods.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+
+from specdec_cli import internals
+
+# logits [B, T, V], positions [B, T] of the tokens these logits predict -> logits (e.g. −inf where
+# a token is suppressed)
+LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Decoder:
+    """A decoder with a KV cache, as the loop sees it. Subclass and override `_call` / `new_cache`
+    for models whose forward differs from a causal LM's (Whisper: decoder_input_ids, encoder_outputs).
+
+    forward_kwargs: passed to every forward (e.g. encoder_outputs); tensors whose first dim is the
+    batch are row-selected with the cache when sequences finish.
+    logits_hook: applied to every logits tensor this decoder returns.
+    """
+
+    def __init__(self, model, *, forward_kwargs: dict | None = None, logits_hook: LogitsHook | None = None):
+        self.model = model
+        self.forward_kwargs = dict(forward_kwargs or {})
+        self.logits_hook = logits_hook
+        self.cache = None
+        self.length = 0  # slots in the cache
+        params = inspect.signature(model.forward).parameters
+        self._keeps_logits = "logits_to_keep" in params
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        head = self.model.get_output_embeddings()
+        return head.weight.shape[0] if head is not None else self.model.config.vocab_size
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def reset(self) -> None:
+        self.cache = self.new_cache()
+        self.length = 0
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
+        """One forward over tokens [B, T] at slots length..length+T -> logits [B, T or keep, V]."""
+        kwargs = dict(self.forward_kwargs)
+        if self._keeps_logits and keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[:, -keep:] if keep else out.logits
+
+    def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
+        """tokens [B, T], mask [B, length+T] bool or None (all valid), positions [B, T]
+        -> logits [B, T, V] (the last `keep` positions only, when keep > 0); the cache grows by T."""
+        logits = self._call(tokens, mask, positions, keep)
+        self.length += tokens.shape[1]
+        if self.logits_hook is not None:
+            logits = self.logits_hook(logits, positions[:, -logits.shape[1] :] + 1)
+        return logits
+
+    def prefill(self, tokens, mask, positions) -> None:
+        """Fill a fresh cache with the prompt slots; their logits are not needed."""
+        self.reset()
+        if tokens.shape[1] > 0:
+            self._call(tokens, mask, positions, keep=1)
+            self.length = tokens.shape[1]
+
+    def crop(self, length: int) -> None:
+        """Drop every slot from `length` on (no recomputation of the prefix)."""
+        if length < self.length:
+            internals.crop_cache(self.cache, self.length - length)
+            self.length = length
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (int64 [B'])."""
+        if self.length > 0:
+            self.cache.batch_select_indices(rows)
+        self.forward_kwargs = {k: _select_rows(v, rows) for k, v in self.forward_kwargs.items()}
+
+
+class Seq2SeqDecoder(Decoder):
+    """The decoder half of an encoder-decoder model (Whisper). Run the encoder once and pass its output
+    as forward_kwargs={"encoder_outputs": ...} to both the target's and the draft's Seq2SeqDecoder."""
+
+    def new_cache(self):
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())  # self-attention, cross-attention
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
+        out = self.model(
+            decoder_input_ids=tokens,
+            decoder_attention_mask=mask,
+            decoder_position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            **self.forward_kwargs,
+        )
+        return out.logits[:, -keep:] if keep else out.logits
+
+
+def _select_rows(value, rows: torch.Tensor):
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        return value.index_select(0, rows.to(value.device))
+    if isinstance(value, dict):  # includes transformers' ModelOutput (e.g. BaseModelOutput)
+        return type(value)(**{k: _select_rows(v, rows) for k, v in value.items()})
+    if isinstance(value, tuple):
+        return tuple(_select_rows(v, rows) for v in value)
+    return value
+
+
+def as_decoder(model) -> Decoder | None:
+    if model is None or isinstance(model, Decoder):
+        return model
+    return Decoder(model)

@@ -1,0 +1,76 @@
+"""What a decoding run reports: the tokens of each row, and its stats (calls, acceptance, where the time went)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+
+@dataclass
+class GenerationStats:
+    mode: str
+    gamma: int  # the initial γ (0 for autoregressive)
+    gamma_schedule: str
+    batch_size: int
+    backend: str | None = None  # which verification backend ran ("torch", "triton", ...)
+    new_tokens: int = 0  # emitted tokens, all rows (EOS included)
+    target_calls: int = 0  # target forward passes after the prefill
+    row_calls: int = 0  # Σ over target calls of the rows in that batch
+    draft_calls: int = 0  # draft forward passes after the prefill
+    draft_tokens: int = 0  # Σ over rows of the draft tokens proposed
+    accepted_tokens: int = 0  # Σ over rows of the draft tokens accepted
+    verify_calls: int = 0
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # draft forwards + draft sampling
+    target_s: float = 0.0  # target forwards (scoring) after the prefill
+    verify_s: float = 0.0  # the verify / verify_greedy call alone
+    gamma_history: list[int] = field(default_factory=list)  # γ of each round
+    accepted_histogram: list[int] = field(default_factory=list)  # [k]: verifications accepting k
+    # derived (filled by finish)
+    acceptance_rate: float | None = None  # accepted / drafted
+    mean_accepted_per_call: float | None = None  # draft tokens accepted per row per verification
+    mean_tokens_per_call: float | None = None  # tokens emitted per row per target call
+    tokens_per_s: float = 0.0
+    verify_ms_per_call: float | None = None
+    overhead_s: float = 0.0  # wall − prefill − draft − target − verify: the loop's own cost
+
+    def finish(self) -> "GenerationStats":
+        self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        verifications = sum(self.accepted_histogram)
+        self.mean_accepted_per_call = self.accepted_tokens / verifications if verifications else None
+        self.mean_tokens_per_call = self.new_tokens / self.row_calls if self.row_calls else None
+        self.tokens_per_s = self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        self.verify_ms_per_call = 1e3 * self.verify_s / self.verify_calls if self.verify_calls else None
+        self.overhead_s = self.wall_s - self.prefill_s - self.draft_s - self.target_s - self.verify_s
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens of each input row, in input order (EOS included)
+    finish_reasons: list[str]  # "eos" | "length"
+    stats: GenerationStats
+
+
+_SUMMED = ("new_tokens", "target_calls", "row_calls", "draft_calls", "draft_tokens", "accepted_tokens",
+           "verify_calls", "wall_s", "prefill_s", "draft_s", "target_s", "verify_s")
+
+
+def merge_stats(parts: Iterable[GenerationStats], into: GenerationStats) -> GenerationStats:
+    """Sum the decoding stats of several generate() calls into `into` (not finished: call finish())."""
+    for s in parts:
+        for name in _SUMMED:
+            setattr(into, name, getattr(into, name) + getattr(s, name))
+        into.backend = s.backend or into.backend
+        into.gamma_history.extend(s.gamma_history)
+        h = into.accepted_histogram
+        h.extend([0] * (len(s.accepted_histogram) - len(h)))
+        for i, n in enumerate(s.accepted_histogram):
+            h[i] += n
+    return into
+
+

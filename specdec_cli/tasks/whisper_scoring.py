@@ -1,0 +1,151 @@
+"""How Whisper's decoder enters the decoding loop for one 30 s window, and how its logits are shaped:
+
+    cross_kv       every decoder layer's cross-attention K/V of a window, computed once and shared by the
+                   target, the draft and the probe
+    WindowDecoder  a Seq2SeqDecoder whose cross-attention cache starts filled with them
+    ExactScorer    the target in the speculative modes: γ+1 slots in one pass, every row bit for bit a
+                   one-token step's logits (greedy speculative output = autoregressive output)
+    Suppressor     the logits hook: the tokens Whisper never emits here (special and timestamp tokens)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from specdec_cli import internals
+from specdec_cli.decoding import Seq2SeqDecoder
+from specdec_cli.models import LoadedModel
+from specdec_cli.models.whisper import special_ids
+
+
+class Suppressor:
+    """The logits hook: Whisper's suppress_tokens and every special / timestamp token except EOT, always;
+    begin_suppress_tokens (blank, EOT) at the first generated position. Timestamps are off."""
+
+    def __init__(self, model: LoadedModel, prompt_len: int, vocab: int):
+        g = model.model.generation_config
+        ids = special_ids(model)
+        suppress = set(getattr(g, "suppress_tokens", None) or getattr(model.model.config, "suppress_tokens", None) or [])
+        suppress |= {i for i in model.tokenizer.added_tokens_decoder if i != ids.eot}
+        begin = set(getattr(g, "begin_suppress_tokens", None) or getattr(model.model.config, "begin_suppress_tokens", None) or [])
+        device = model.device
+        self.always = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.always[[i for i in suppress if 0 <= i < vocab]] = True
+        self.begin = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.begin[[i for i in begin if 0 <= i < vocab]] = True
+        self.prompt_len = prompt_len
+
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        first = (positions == self.prompt_len)[..., None]  # [B, T, 1]
+        return logits.masked_fill(self.always | (first & self.begin), -math.inf)
+
+
+def cross_kv(layers: Sequence[nn.Module], encoded: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each decoder layer's cross-attention keys and values for `encoded` [B, S, d]: [(K, V)] with
+    K, V [B, heads, S, head_dim], computed exactly as WhisperAttention does on its first call."""
+    out = []
+    B = encoded.shape[0]
+    for layer in layers:
+        attn = layer.encoder_attn
+        shape = (B, -1, attn.num_heads, attn.head_dim)
+        k = attn.k_proj(encoded).view(shape).transpose(1, 2).contiguous()
+        v = attn.v_proj(encoded).view(shape).transpose(1, 2).contiguous()
+        out.append((k, v))
+    return out
+
+
+class WindowDecoder(Seq2SeqDecoder):
+    """A Seq2SeqDecoder whose cross-attention cache starts filled with precomputed K/V (no recomputation:
+    the target, the draft and the probe share the tensors; each has its own cache objects)."""
+
+    def __init__(self, model, encoded: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], hook=None):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        super().__init__(model, forward_kwargs={"encoder_outputs": BaseModelOutput(last_hidden_state=encoded)},
+                         logits_hook=hook)
+        self.kv = kv
+
+    def prefill(self, tokens, mask, positions) -> None:
+        """The prompt slots through the layers only: their logits are never read (Seq2SeqDecoder would
+        also apply the output layer to them)."""
+        self.reset()
+        if tokens.shape[1] > 0:
+            decoder = self.model.model.decoder if hasattr(self.model, "proj_out") else self.model.decoder
+            encoded = self.forward_kwargs["encoder_outputs"].last_hidden_state
+            decoder(input_ids=tokens, attention_mask=mask, encoder_hidden_states=encoded, past_key_values=self.cache,
+                    position_ids=positions, use_cache=True)
+            self.length = tokens.shape[1]
+
+    def new_cache(self):
+        return internals.prefilled_cross_cache(self.kv)
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        self.kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.kv]
+
+
+ROWS_ATTENTION = "specdec_sdpa_by_rows"  # registered with transformers' AttentionInterface (ExactScorer)
+
+
+def _sdpa_by_rows(module, query, key, value, attention_mask, **kwargs):
+    """transformers' sdpa attention for queries [B, heads, T, head_dim], one query row at a time over exactly
+    the keys a one-token step would see: the first S − (T−1−r) for row r of a causal self-attention, all S for
+    cross-attention; a mask row that hides nothing is dropped, as transformers drops it for one token.
+    -> ([B, T, heads, head_dim], None), each row bit for bit a one-token step's."""
+    T, S = query.shape[2], key.shape[2]
+    if T == 1:
+        return internals.sdpa_attention(module, query, key, value, attention_mask, **kwargs)
+    rows = []
+    for r in range(T):
+        end = S - (T - 1 - r) if module.is_causal else S
+        mask = None if attention_mask is None else attention_mask[:, :, r : r + 1, :end]
+        mask = internals.sdpa_mask_for_one_query(mask)
+        rows.append(internals.sdpa_attention(module, query[:, :, r : r + 1], key[:, :, :end], value[:, :, :end], mask,
+                                             **kwargs)[0])
+    return torch.cat(rows, 1), None
+
+
+def _by_rows(decoder: nn.Module) -> nn.Module:
+    """A shallow copy of a Whisper decoder (weights and caches shared) whose attention modules alone run
+    _sdpa_by_rows; its config, hence its masks, stay transformers' sdpa ones."""
+    config = internals.config_with_attention(decoder.config, ROWS_ATTENTION, _sdpa_by_rows)
+    clone = internals.shallow_copy(decoder)
+    clone.layers = nn.ModuleList()
+    for layer in decoder.layers:
+        layer = internals.shallow_copy(layer)
+        for name in ("self_attn", "encoder_attn"):
+            attn = internals.shallow_copy(getattr(layer, name))
+            attn.config = config
+            setattr(layer, name, attn)
+        clone.layers.append(layer)
+    return clone
+
+
+class ExactScorer(WindowDecoder):
+    """The target in the speculative modes: it scores a round's γ+1 slots in one pass (one read of its weights),
+    every row bit for bit the logits that a one-token step, i.e. autoregressive decoding, gives for it, so
+    greedy output is the autoregressive output token for token.
+
+    On this CPU the linear layers, layer norms and GELU compute a row the same in a many-row call as alone;
+    torch's scaled_dot_product_attention does not (a 9-row call rounds differently from nine 1-row calls and
+    flipped 0.7 % of the greedy tokens of the 74 s LibriVox recording in bf16), so attention runs row by row
+    (_sdpa_by_rows, ~6 ms of a ~33 ms pass of Whisper base). The prompt's prefill stays transformers' own, as in
+    autoregressive decoding. Needs the target's attention to be sdpa (transformers' default for Whisper)."""
+
+    def __init__(self, model, encoded: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], hook=None):
+        super().__init__(model, encoded, kv, hook)
+        decoder = model.model.decoder
+        self.decoder = _by_rows(decoder) if internals.attention_implementation(decoder.config) == "sdpa" else decoder
+
+    def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
+        hidden = self.decoder(
+            input_ids=tokens, attention_mask=mask, encoder_hidden_states=self.forward_kwargs["encoder_outputs"].last_hidden_state,
+            past_key_values=self.cache, position_ids=positions, use_cache=True,
+        ).last_hidden_state  # [B, T, d]
+        if keep:
+            hidden = hidden[:, -keep:]
+        return self.model.proj_out(hidden)  # [B, T', V]
