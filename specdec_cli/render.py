@@ -95,22 +95,23 @@ def result_json(result, device: str) -> dict:
 
 
 def stats_table(results, *, device: str, title: str) -> None:
-    """One row per distinct batch of stats (one per input at --batch-size 1)."""
-    t = Table(title=title)
-    t.add_column("input")
-    for name in ("new tokens", "target calls", "accept rate", "accepted/call", "tok/s", "wall s", "verify ms/call"):
-        t.add_column(name, justify="right")
-    seen = set()
+    """One row per distinct batch of stats (one per input at --batch-size 1), inputs named by file name."""
+    rows, seen = [], set()
     for r in results:
         s = r.stats
         if id(s) in seen:
             continue
         seen.add(id(s))
-        names = ", ".join(Path(x.input).name for x in results if x.stats is s)  # a path would be cut short
-        t.add_row(
-            names, str(s.new_tokens), str(s.target_calls), _opt(s.acceptance_rate, ".3f"),
-            _opt(s.mean_accepted_per_call, ".2f"), f"{s.tokens_per_s:.2f}", f"{s.wall_s:.2f}", _opt(s.verify_ms_per_call, ".3f"),
-        )
+        names = ", ".join(Path(x.input).name for x in results if x.stats is s)
+        rows.append((names, str(s.new_tokens), str(s.target_calls), _opt(s.acceptance_rate, ".3f"),
+                     _opt(s.mean_accepted_per_call, ".2f"), f"{s.tokens_per_s:.2f}", f"{s.wall_s:.2f}",
+                     _opt(s.verify_ms_per_call, ".3f")))
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    t.add_column("input", no_wrap=True, min_width=min(36, max(len(row[0]) for row in rows)))  # never cut a name short
+    for name in ("new\ntokens", "target\ncalls", "accept\nrate", "accepted\nper call", "tok/s", "wall s", "verify\nms/call"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
     err.print(t)
     s = results[0].stats
     err.print(f"mode {s.mode}, backend {s.backend or 'torch'}, device {device}, γ {s.gamma} ({s.gamma_schedule})", highlight=False)

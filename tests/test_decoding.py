@@ -177,6 +177,7 @@ def small_pair():
     return make_pair("llama", seed=5, vocab=8, hidden=16, layers=3, keep=1, damp=0.6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mode, params",
     [
@@ -200,6 +201,7 @@ def test_sampling_matches_the_targets_distribution(small_pair, mode, params):
     assert first_two_pvalue(tokens, joint) > 1e-3
 
 
+@pytest.mark.slow
 def test_distribution_test_has_power(small_pair):
     """The same test rejects the draft's own distribution and sigmoid's lossy one."""
     target, draft = small_pair
@@ -357,6 +359,7 @@ def test_greedy_output_unchanged_when_the_draft_stops_early(pair):
     assert got.stats.draft_tokens == sum(got.stats.gamma_history)
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(small_pair):
     """B = 1, so the stopping rule decides per sequence; 3 000 runs, chi-square p > 1e-3 as above."""
     target, draft = small_pair
@@ -371,3 +374,15 @@ def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(smal
         stopped += got.stats.gamma_history[0] < 2  # the first round may draft 2 (3 new tokens at most)
     assert stopped > 300, "the rule really ends rounds early"
     assert first_two_pvalue(tokens, joint) > 1e-3
+
+
+@pytest.mark.slow
+def test_the_python_api_example_runs(smollm2, session_model_cache, monkeypatch, capsys):
+    """examples/python_api.py, the README's Python section, runs as written."""
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(session_model_cache))
+    runpy.run_path(str(Path(__file__).resolve().parent.parent / "examples" / "python_api.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "greedy speculative == target alone: True" in out and "acceptance" in out, out

@@ -48,6 +48,7 @@ def test_greedy_output_unchanged_with_a_subset_draft(mode):
     assert 0 < got.stats.acceptance_rate < 1
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_targets_distribution_when_the_draft_misses_tokens():
     # the draft can only propose tokens 0..3 of 8: q = 0 elsewhere; the residual must restore p there.
     # chi-square on the joint of the first two tokens, p > 1e-3 (as in test_decoding).

@@ -134,3 +134,17 @@ def test_draft_with_another_vocabulary_is_refused(model_dir, article, tmp_path):
     word_tokenizer(["<unk>", "<eos>"] + [f"v{i}" for i in range(998)]).save_pretrained(other)
     r = summarize(article, *common(model_dir)[:2], "--draft", other, "--dtype", "float32")
     assert r.exit_code == 2 and ("vocabular" in r.output.lower() or "token" in r.output), r.output
+
+
+def test_stats_table_names_each_input_by_its_file_name(model_dir, tmp_path):
+    """On an 80-column terminal, long paths are not cut to 'exampl…': the table shows file names in full."""
+    deep = tmp_path / "a" / "rather" / "deep" / "folder" / "of" / "articles"
+    deep.mkdir(parents=True)
+    names = ["earnings_report_final.txt", "second_article.txt"]
+    for name in names:
+        (deep / name).write_text(ARTICLE)
+    r = runner.invoke(app, ["summarize", *(str(deep / n) for n in names), *map(str, common(model_dir))],
+                      terminal_width=80)
+    assert r.exit_code == 0, r.output
+    table = [line for line in r.stderr.splitlines() if line.startswith(tuple(names))]
+    assert [line.split()[0] for line in table] == names, r.stderr

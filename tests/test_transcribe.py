@@ -404,6 +404,7 @@ def speech(base, encoder_memo):
     return files, audios, T.transcribe(base, None, files, audios=audios, mode="autoregressive")
 
 
+@pytest.mark.slow
 @needs_speech
 def test_base_wer_on_librivox(speech):
     files, _, ar = speech
@@ -415,6 +416,7 @@ def test_base_wer_on_librivox(speech):
     assert all(t.stats.language == "en" for t in ar)
 
 
+@pytest.mark.slow
 @needs_speech
 @pytest.mark.parametrize("draft, mode, gamma, min_acceptance", [
     ("self", "exact", 1, 0.6), ("self", "exact", 3, 0.6), ("self", "exact", 8, 0.6), ("self", "baseline", 5, 0.6),
@@ -432,6 +434,7 @@ def test_base_greedy_speculative_equals_autoregressive(base, speech, draft, mode
     assert sum(t.stats.accepted_tokens for t in sp) / sum(t.stats.draft_tokens for t in sp) >= min_acceptance
 
 
+@pytest.mark.slow
 @needs_speech
 def test_base_long_recording_window_by_window(base, speech):
     audio, ref = T.joined_librivox(3)
@@ -447,6 +450,7 @@ def test_base_long_recording_window_by_window(base, speech):
     assert sp.text == ar.text
 
 
+@pytest.mark.slow
 @needs_speech
 def test_base_silence_is_an_empty_transcript(base):
     rng = np.random.default_rng(0)
@@ -461,6 +465,7 @@ def test_base_silence_is_an_empty_transcript(base):
     assert out[2].stats.silent_windows == 1
 
 
+@pytest.mark.slow
 @needs_speech
 def test_base_cli_default_models(base, session_model_cache, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(session_model_cache))

@@ -38,7 +38,8 @@ def assert_same(expected, got, what):
 # --- decisions: the same randomness gives the same tokens ------------------------------------------
 
 
-@pytest.mark.parametrize("V", [7, 1000, 32000, 51865, 151936, 262144])
+@pytest.mark.parametrize("V", [7, 1000, 32000, 51865, pytest.param(151936, marks=pytest.mark.slow),
+                               pytest.param(262144, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_exact_matches_reference(V, impl):
     cases = [(3, 5), (1, 1), (2, 8)] if V <= 32000 else [(1, 4), (2, 2)]
@@ -47,6 +48,7 @@ def test_exact_matches_reference(V, impl):
         assert_same(verify_reference(*args), EXACT[impl](*args), f"exact/{impl} V={V} B={B} γ={gamma}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_exact_dtypes_and_temperature(dtype, temperature):
@@ -57,6 +59,7 @@ def test_exact_dtypes_and_temperature(dtype, temperature):
             assert_same(expected, fn(*args, temperature=temperature), f"exact/{impl} {dtype} T={temperature}")
 
 
+@pytest.mark.slow
 def test_many_random_cases_torch_and_triton_agree():
     # 300 sequences of every acceptance length; the interpreter runs them as one launch
     args = make_case(300, 4, 300, seed=7, overlap=0.8)[:4]
@@ -85,6 +88,7 @@ def test_baseline_decides_like_reference():
     assert torch.equal(base.out_tokens[:, :5][accepted], ref[0][:, :5][accepted])
 
 
+@pytest.mark.slow
 def test_sigmoid_triton_matches_its_torch_twin():
     for seed, (alpha, beta) in enumerate([(-1e4, 1e4), (-1e3, 1e3), (-2.0, 2.0), (-0.5, 0.5)]):
         tokens, _, target, u, draft_logits = make_case(40, 5, 3001, seed=seed, overlap=0.3)
@@ -122,6 +126,7 @@ def first_token_frequencies(fn, p, q, n, seed, gamma=3):
     return torch.bincount(out[:, 0], minlength=len(p)).double() / n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", PAIRS)
 def test_exact_reproduces_target_distribution(pair):
     # 200 000 draws; threshold: TV < 0.005 (expected ≈ 0.002 here) and chi-square p > 1e-4 on the support
@@ -138,6 +143,7 @@ def test_exact_reproduces_target_distribution(pair):
         assert stat.pvalue > 1e-4, f"{pair}: chi-square p = {stat.pvalue:.2e}"
 
 
+@pytest.mark.slow
 def test_exact_triton_reproduces_target_distribution():
     # the interpreter is slow (~25 ms a sequence), so 1 500 draws; TV < 0.06 (expected ≈ 0.02).
     # Together with the decision-for-decision equality above, the torch path's 200 000 draws carry over.

@@ -261,6 +261,7 @@ def word_errors(ref: str, hyp: str) -> int:
     return o.substitutions + o.deletions + o.insertions
 
 
+@pytest.mark.slow
 @needs_base
 def test_base_every_array_once_and_shapes():
     src = wc.locate_embedded("base")
@@ -276,6 +277,7 @@ def test_base_every_array_once_and_shapes():
             conv.dims["vocab_size"], conv.dims["num_mel_bins"]) == (512, 6, 8, 51865, 80)
 
 
+@pytest.mark.slow
 @needs_base
 def test_base_cache_layout_and_configs(base, cache):
     model, processor = base
@@ -299,6 +301,7 @@ def test_base_cache_layout_and_configs(base, cache):
     assert tok.decode(prompt) == "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
 
 
+@pytest.mark.slow
 @needs_base
 def test_cache_is_reused_and_rebuilt_when_stale(base, cache, monkeypatch):
     calls = []
@@ -313,6 +316,7 @@ def test_cache_is_reused_and_rebuilt_when_stale(base, cache, monkeypatch):
     assert calls == [1] and json.loads(marker.read_text()) == m
 
 
+@pytest.mark.slow
 @needs_base
 @needs_librivox
 def test_base_transcribes_librivox(base):
@@ -327,6 +331,7 @@ def test_base_transcribes_librivox(base):
     assert word_errors(ref, text) <= 1, text
 
 
+@pytest.mark.slow
 @needs_tiny
 @needs_librivox
 def test_tiny_en_converts_and_transcribes(cache):
