@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--draft", default="embedded")
     ap.add_argument("--gamma", type=int, default=5)
     ap.add_argument("--draft-vocab", type=int, default=32768)
-    ap.add_argument("--draft-stop", type=float, default=0.0, help="specdec contenders: decoding.draft's stopping rule")
+    ap.add_argument("--draft-stop", type=float, default=0.0, help="specdec contenders: decoding.loop.draft's stopping rule")
     ap.add_argument("--max-new-tokens", type=int, default=100)
     ap.add_argument("--articles", type=int, default=0, help="how many example articles (0 = all)")
     ap.add_argument("--contenders", default="autoregressive,hf-assisted,hf-assisted+int8,baseline,exact,exact+subset,exact+subset+int8")

@@ -49,7 +49,7 @@ def draw_inverse_cdf(weights: list[float], u: float) -> int:
 
 
 def verify_reference(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
-    """Shapes as in specdec_cli.verify. Returns (out_tokens [B, γ+1], num_accepted [B])."""
+    """Shapes as in specdec_cli/decoding/verify.py. Returns (out_tokens [B, γ+1], num_accepted [B])."""
     B, gamma = draft_tokens.shape
     out_tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64)
     num_accepted = torch.zeros(B, dtype=torch.int64)

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams, probs_from_logits, process_logits
 
+ROOT = Path(__file__).resolve().parent.parent  # the source tree
 GREEDY = SamplingParams(temperature=0.0)
 ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 
@@ -190,6 +191,11 @@ def save_tiny(path: Path, arch: str, *, vocab: int = 1000, layers: int = 4, word
 
 
 
+def ids_for(n: int = 12, seed: int = 1) -> torch.Tensor:
+    """Two rows of n token ids of the 1000-word vocabulary (no <unk>, no <eos>)."""
+    return torch.randint(2, 1000, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
 # ----------------------------------------------------------------------------------------------------
 # A tiny random Whisper saved like a user's own model (a byte-level tokenizer written here)
 
@@ -276,3 +282,12 @@ def tiny_llama_dir(tmp_path_factory):
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
     word_tokenizer().save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def tiny_target(tmp_path):
+    """A tiny llama saved to a directory and loaded back as a user's --target (fp32)."""
+    from specdec_cli.models import load_causal_lm
+
+    save_tiny(tmp_path / "target", "llama")
+    return load_causal_lm(str(tmp_path / "target"), dtype=torch.float32, device="cpu", progress=False)

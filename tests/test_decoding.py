@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import (
-    GREEDY, N_SAMPLES, PROMPT, PROMPTS, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair,
+    GREEDY, PROMPT, ROOT, PROMPTS, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair,
     sample_many,
 )
 from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate
@@ -380,9 +380,8 @@ def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(smal
 def test_the_python_api_example_runs(smollm2, session_model_cache, monkeypatch, capsys):
     """examples/python_api.py, the README's Python section, runs as written."""
     import runpy
-    from pathlib import Path
 
     monkeypatch.setenv("SPECDEC_CACHE", str(session_model_cache))
-    runpy.run_path(str(Path(__file__).resolve().parent.parent / "examples" / "python_api.py"), run_name="__main__")
+    runpy.run_path(str(ROOT / "examples" / "python_api.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "greedy speculative == target alone: True" in out and "acceptance" in out, out

@@ -4,22 +4,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import assert_same_up_to_rounding, causal_lm_sums, save_tiny
+from conftest import assert_same_up_to_rounding, causal_lm_sums, ids_for
 from specdec_cli.drafts.layers import self_draft
 from specdec_cli.drafts.spec import self_layers
 from specdec_cli.errors import SpecdecError
-from specdec_cli.models import load_causal_lm
 from specdec_cli.tasks.summarize import load_draft
-
-
-def ids_for(n: int = 12, seed: int = 1) -> torch.Tensor:
-    return torch.randint(2, 1000, (2, n), generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture
-def tiny_target(tmp_path):
-    save_tiny(tmp_path / "target", "llama")
-    return load_causal_lm(str(tmp_path / "target"), dtype=torch.float32, device="cpu", progress=False)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from torch import nn
 
 from specdec_cli.decoding import generate
 from specdec_cli.drafts.subset_head import SubsetHead, frequent_ids, restrict_head
-from specdec_cli.drafts.int8 import GEMV_ROWS, Int8Linear, quantize_draft, quantize_linears
+from specdec_cli.drafts.int8 import GEMV_ROWS, Int8Linear, quantize_draft
 from specdec_cli.drafts.layers import self_draft
 from specdec_cli.models import LoadedModel
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 # highest first; a module may import its own layer and the layers below it, never one above
 LAYERS = ["cli", "bench", "tasks", "drafts", "models", "decoding", "kernels", "base"]
 BASE = {"specdec_cli", "specdec_cli.errors", "specdec_cli.options", "specdec_cli.internals"}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM
 
-from conftest import WORDS, save_tiny
+from conftest import WORDS, ids_for, save_tiny
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import (
     EMBEDDED, cache, causal_lm, check_compatible, cpu_has_fast_bf16, load_causal_lm, resolve_device, resolve_dtype,
@@ -22,16 +22,6 @@ from specdec_cli.tasks.summarize import load_draft
 def private_cache(tmp_path, monkeypatch):
     """Every test writes to its own SPECDEC_CACHE unless it sets another."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-
-
-def ids_for(n: int = 12, seed: int = 1) -> torch.Tensor:
-    return torch.randint(2, 1000, (2, n), generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture
-def tiny_target(tmp_path):
-    save_tiny(tmp_path / "target", "llama")
-    return load_causal_lm(str(tmp_path / "target"), dtype=torch.float32, device="cpu", progress=False)
 
 
 # --------------------------------------------------------------------------------------------------

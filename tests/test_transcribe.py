@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +22,8 @@ from conftest import assert_same_up_to_rounding, save_tiny_whisper, whisper_deco
 from specdec_cli.bench.metrics import wer
 from specdec_cli.cli import app
 from specdec_cli.drafts.int4 import linear, pack_int4
-from specdec_cli.drafts.spec import self_layers
 from specdec_cli.errors import SpecdecError
-from specdec_cli.models.whisper import check_language_task, decoder_layers, load_whisper, prompt_ids, special_ids
+from specdec_cli.models.whisper import check_language_task, load_whisper, prompt_ids, special_ids
 from specdec_cli.tasks import transcribe as T
 from specdec_cli.tasks.audio import SAMPLE_RATE, librivox_clips, load_audio
 from specdec_cli.tasks.whisper_scoring import ExactScorer, WindowDecoder, cross_kv

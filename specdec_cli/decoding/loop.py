@@ -168,7 +168,8 @@ def score(decoder: Decoder, slots: _Slots, start: int) -> torch.Tensor:
 
 
 def verify(mode, draft_tokens, draft_probs, draft_logits, target_logits, generator, params, alpha, beta, backend):
-    """The accept/reject rule lives in specdec_cli.verify; this only prepares its inputs.
+    """The accept/reject rule lives in kernels/reference.py, reached through decoding/verify.py; this only
+    prepares its inputs.
 
     Greedy: accept while draft == target argmax. Sampling: the target distribution must be processed
     exactly as the draft's was (÷T fused in verify when only temperature is on; top-k/top-p applied
