@@ -216,6 +216,86 @@ def bench(
     render.written(paths)
 
 
+cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+                        help="List, verify and clear the models specdec converted and cached.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("list")
+@handle_errors
+def cache_list(as_json: Json = False):
+    """List the cached models: size, where each came from, and whether it is sound (a quick check).
+
+    [bold]Examples[/]
+
+      specdec cache list
+      SPECDEC_CACHE=/data/specdec specdec cache list --json
+    """
+    from specdec_cli import render
+    from specdec_cli.models import cache
+
+    rows = [(e, cache.damage(e.key) if e.meta is not None else "incomplete") for e in cache.entries()]
+    if as_json:
+        print(json.dumps({"root": str(cache.models_dir()), "entries": [
+            {"key": e.key, "path": str(e.path), "bytes": e.size, "source": e.source, "problem": p} for e, p in rows]}))
+    else:
+        render.cache_table(cache.models_dir(), rows)
+
+
+@cache_app.command("verify")
+@handle_errors
+def cache_verify(keys: Annotated[Optional[list[str]], typer.Argument(help="Entries to check (default: all).")] = None):
+    """Read every byte of the cached models against the checksums recorded when they were written.
+
+    Exits 1 when an entry is damaged; the next run that needs it rebuilds it from its package.
+
+    [bold]Examples[/]
+
+      specdec cache verify
+      specdec cache verify qwen2.5-coder-1.5b-cc324af070c2-bfloat16
+    """
+    from specdec_cli import render
+    from specdec_cli.models import cache
+
+    entries = _cache_entries(keys)
+    rows = [(e, cache.damage(e.key, full=True) if e.meta is not None else "incomplete") for e in entries]
+    render.cache_table(cache.models_dir(), rows, title="verified: every byte")
+    raise typer.Exit(1 if any(p for _, p in rows) else 0)
+
+
+@cache_app.command("clear")
+@handle_errors
+def cache_clear(
+    keys: Annotated[Optional[list[str]], typer.Argument(help="Entries to delete.")] = None,
+    all_entries: Annotated[bool, typer.Option("--all", help="Delete every entry.")] = False,
+):
+    """Delete cached models (they are rebuilt from their packages when next needed).
+
+    [bold]Examples[/]
+
+      specdec cache clear whisper-base
+      specdec cache clear --all
+    """
+    from specdec_cli import render
+    from specdec_cli.models import cache
+
+    if not keys and not all_entries:
+        raise SpecdecError("name the entries to delete (see specdec cache list), or pass --all")
+    for e in cache.entries() if all_entries else _cache_entries(keys):
+        cache.remove_entry(e.key)
+        render.note(f"deleted {e.path} ({cache.human(e.size)})")
+
+
+def _cache_entries(keys):
+    from specdec_cli.models import cache
+
+    entries = {e.key: e for e in cache.entries()}
+    unknown = [k for k in keys or () if k not in entries]
+    if unknown:
+        raise SpecdecError(f"no cache entry {unknown[0]!r} in {cache.models_dir()} (see specdec cache list)")
+    return [entries[k] for k in keys] if keys else list(entries.values())
+
+
 def emit_results(results, *, as_json: bool, device: str, title: str):
     """Texts to stdout (or one JSON object per input), the stats table to stderr."""
     from specdec_cli import render

@@ -20,6 +20,25 @@ def error(message: str) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def note(message: str) -> None:
+    err.print(message, highlight=False, soft_wrap=True)
+
+
+def cache_table(root, rows, title: str = "") -> None:
+    """rows: (cache.Entry, problem or None) — one line each: key, size, source, state."""
+    from specdec_cli.models.cache import human
+
+    t = Table(title=f"{root}" + (f" ({title})" if title else ""), box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False, collapse_padding=True)
+    t.add_column("entry", no_wrap=True)
+    t.add_column("size", justify="right", no_wrap=True)
+    t.add_column("from", overflow="fold")
+    t.add_column("state", overflow="fold")
+    for e, problem in rows:
+        t.add_row(e.key, human(e.size), e.source, f"[red]{problem}[/]" if problem else "[green]ok[/]")
+    err.print(t if rows else f"{root}: no cached models")
+
+
 @contextlib.contextmanager
 def status(title: str, quiet: bool = False):
     """A spinner with a changing message; yields step(msg)."""

@@ -318,6 +318,28 @@ def test_cache_is_reused_and_rebuilt_when_stale(base, cache, monkeypatch):
 
 @pytest.mark.slow
 @needs_base
+def test_a_damaged_or_unwritable_cache_entry(base, cache, monkeypatch, capsys):
+    """Damage is said and the entry rebuilt; a cache without room is said and the model converted for this run."""
+    weights = cache / "models" / "whisper-base" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + (2 << 20)] = bytes(2 << 20)  # 2 MB of zeros in the middle
+    weights.write_bytes(bytes(data))
+    model, _ = wc.load_embedded_whisper("base", dtype=torch.float32, show_progress=False)
+    assert "damaged" in capsys.readouterr().err and wc.cache.damage("whisper-base", full=True) is None
+    for name, p in model.named_parameters():
+        assert torch.equal(p, dict(base[0].named_parameters())[name]), name
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(cache / "elsewhere"))
+    monkeypatch.setattr(wc.cache, "_free", lambda folder: 1 << 20)
+    model, _ = wc.load_embedded_whisper("base", dtype=torch.float32, show_progress=False)
+    err = capsys.readouterr().err
+    assert "no space left in" in err and "without caching it" in err, err
+    assert not (cache / "elsewhere" / "models" / "whisper-base").exists()
+    assert torch.equal(model.proj_out.weight, base[0].proj_out.weight)
+
+
+@pytest.mark.slow
+@needs_base
 @needs_librivox
 def test_base_transcribes_librivox(base):
     model, processor = base

@@ -21,6 +21,7 @@ import contextlib
 import copy
 import importlib.metadata
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from specdec_cli.errors import SpecdecError, first_line
 from specdec_cli.models import cache
 from specdec_cli.models.device import dtype_name
 from specdec_cli.models.loading import Family, LoadedModel, load_model, read_directory
-from specdec_cli.models.progress import byte_progress, note, quiet_transformers, status
+from specdec_cli.models.progress import byte_progress, note, quiet_transformers, status, warn
 
 GGUF_MAGIC = b"GGUF"
 
@@ -137,6 +138,8 @@ def _assemble_gguf(emb: EmbeddedModel, parts: list[Path], workdir: Path, progres
     """Join `parts` into workdir/joined.gguf (a single part is used in place) and check the sha256."""
     total = sum(p.stat().st_size for p in parts)
     dest = None if len(parts) == 1 else workdir / "joined.gguf"
+    if dest is not None:
+        cache.require_space(workdir, total)
     verb = "Checking" if dest is None else "Joining"
     with byte_progress(progress, f"{verb} {emb.title} ({len(parts)} parts)", total) as on_bytes:
         digest = cache.hash_and_join(parts, dest, on_bytes)
@@ -235,27 +238,54 @@ def _save_plain(model: Any, tokenizer: Any, out: Path, progress: bool) -> None:
 
 def _cached_from_gguf(
     key: str, meta: dict, title: str, dtype: torch.dtype, progress: bool, get_gguf
-) -> tuple[Any, Any, Path, bool]:
+) -> tuple[Any, Any, Path | None, bool]:
     """Read the cache entry `key`, or build it first: get_gguf(workdir) → GGUF path → dequantize → save.
+    A damaged entry (cache.damage, or one that fails to load) is said so and rebuilt once; a cache that cannot
+    take the entry (full, read-only) is said so, and the model is dequantized again for this run only.
 
-    Returns (model, tokenizer, entry path, whether it was already cached).
+    Returns (model, tokenizer, entry path or None when not cached, whether it was already cached).
     """
-    was_cached = cache.read_entry(key) is not None
-    if not was_cached:
-        note(
-            progress,
-            f"Preparing {title} in {dtype_name(dtype)} once: dequantize, then cache under {cache.models_dir()}",
-        )
-        with cache.atomic_entry(key, meta) as tmp:
-            gguf = get_gguf(tmp)
-            model, tokenizer = _dequantize_gguf(gguf, dtype, title, progress)
-            _save_plain(model, tokenizer, tmp, progress)
-            del model
-            if gguf.parent == tmp:
-                gguf.unlink()  # the joined file: rebuilt from the packages when needed
     entry = cache.entry_path(key)
-    model, tokenizer, _ = read_directory(CAUSAL_LM, entry, dtype, progress, title)
-    return model, tokenizer, entry, was_cached
+    for attempt in (1, 2):
+        problem = cache.damage(key)
+        if problem:
+            warn(f"the cached {title} in {entry} is damaged ({problem}): rebuilding it")
+            cache.remove_entry(key)
+        was_cached = cache.read_entry(key) is not None
+        if not was_cached:
+            try:
+                _build_entry(key, meta, title, dtype, progress, get_gguf)
+            except cache.CacheUnwritable as e:
+                warn(f"{e}: using {title} without caching it (it is prepared again next run); "
+                     "set SPECDEC_CACHE to a folder with room to keep it")
+                with tempfile.TemporaryDirectory(prefix="specdec-") as tmp:
+                    model, tokenizer = _dequantize_gguf(get_gguf(Path(tmp)), dtype, title, progress)
+                return model, tokenizer, None, False
+        try:
+            model, tokenizer, _ = read_directory(CAUSAL_LM, entry, dtype, progress, title)
+            return model, tokenizer, entry, was_cached
+        except Exception as e:  # noqa: BLE001 - whatever a damaged file makes the readers raise
+            if attempt == 2:
+                raise SpecdecError(f"cannot load the cached {title} in {entry}: {first_line(e)}; delete that folder") from e
+            warn(f"the cached {title} in {entry} cannot be read ({first_line(e)}): rebuilding it")
+            cache.remove_entry(key)
+    raise AssertionError("unreachable")
+
+
+def _build_entry(key: str, meta: dict, title: str, dtype: torch.dtype, progress: bool, get_gguf) -> None:
+    note(progress, f"Preparing {title} in {dtype_name(dtype)} once: dequantize, then cache under {cache.models_dir()}")
+    with cache.atomic_entry(key, meta) as tmp:
+        gguf = get_gguf(tmp)
+        model, tokenizer = _dequantize_gguf(gguf, dtype, title, progress)
+        cache.require_space(tmp, _model_bytes(model))
+        _save_plain(model, tokenizer, tmp, progress)
+        del model
+        if gguf.parent == tmp:
+            gguf.unlink()  # the joined file: rebuilt from the packages when needed
+
+
+def _model_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 # --------------------------------------------------------------------------------------------------

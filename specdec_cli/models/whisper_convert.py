@@ -18,12 +18,10 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
-import os
 import re
-import shutil
 import struct
 import sys
-import uuid
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +30,7 @@ import numpy as np
 
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import cache
-from specdec_cli.models.progress import quiet_transformers
+from specdec_cli.models.progress import quiet_transformers, warn
 
 # Bump when the conversion output changes: caches written by another version are rebuilt.
 CONVERTER_VERSION = 1
@@ -614,19 +612,21 @@ def _marker(name: str, src: SourceFiles) -> dict:
 
 
 def ensure_converted(name: str, show_progress: bool = True) -> Path:
-    """The cached HF directory of embedded model `name`, converting (atomically) when absent or stale."""
+    """The cached HF directory of embedded model `name`, converting (atomically) when absent, stale or damaged.
+    Raises cache.CacheUnwritable when the cache cannot take it (load_embedded_whisper then goes without)."""
     src = locate_embedded(name)
     key, want = cache_key(name), _marker(name, src)
+    problem = cache.damage(key)
+    if problem:
+        warn(f"the cached Whisper {name} in {cache.entry_path(key)} is damaged ({problem}): rebuilding it")
+        cache.remove_entry(key)
     have = cache.read_entry(key)
     if have == want:
         return cache.entry_path(key)
-    if have is not None:  # stale (other converter or package version): move aside, then rebuild
-        old = cache.entry_path(key)
-        aside = old.with_name(f".old-{key}-{uuid.uuid4().hex[:8]}")
-        with contextlib.suppress(OSError):
-            os.rename(old, aside)
-            shutil.rmtree(aside, ignore_errors=True)
+    if have is not None:  # stale (other converter or package version): rebuild
+        cache.remove_entry(key)
     with cache.atomic_entry(key, want) as tmp:
+        cache.require_space(tmp, sum(p.stat().st_size for p in src.model_parts))  # fp16 in, fp16 out
         convert_ct2_whisper(src, tmp, show_progress=show_progress, label=f"Whisper {name}")
     return cache.entry_path(key)
 
@@ -635,17 +635,27 @@ def load_embedded_whisper(name: str = "base", dtype=None, device="cpu", show_pro
     """(WhisperForConditionalGeneration, WhisperProcessor) for embedded model "base" or "tiny.en".
 
     Converts from the installed PyPI packages on first use and caches the result; `dtype` defaults to
-    float32 (the cache holds fp16, the source precision, so fp32 is exact).
+    float32 (the cache holds fp16, the source precision, so fp32 is exact). When the cache cannot take it
+    (full, read-only), converts into a temporary folder for this run only and says so.
     """
     import torch
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
     dtype = torch.float32 if dtype is None else dtype
-    path = ensure_converted(name, show_progress=show_progress)
-    with quiet_transformers():
-        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
-        processor = WhisperProcessor.from_pretrained(path)
-    return model, processor
+
+    def read(path):
+        with quiet_transformers():
+            model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+            return model, WhisperProcessor.from_pretrained(path)
+
+    try:
+        return read(ensure_converted(name, show_progress=show_progress))
+    except cache.CacheUnwritable as e:
+        warn(f"{e}: using Whisper {name} without caching it (it is converted again next run); "
+             "set SPECDEC_CACHE to a folder with room to keep it")
+        with tempfile.TemporaryDirectory(prefix="specdec-", ignore_cleanup_errors=True) as tmp:
+            convert_ct2_whisper(locate_embedded(name), Path(tmp), show_progress=show_progress, label=f"Whisper {name}")
+            return read(tmp)  # the weights outlive the folder (deleted files stay mapped)
 
 
 def iter_embedded_installed() -> Iterator[str]:
