@@ -54,6 +54,9 @@ def draw_from_weights(weights, u):
         tail = weights[:, full:].sum(dim=-1, keepdim=True, dtype=torch.float64)  # [B, 1]
         block_sums = torch.cat([block_sums, tail], dim=1)  # [B, nb]
     running = block_sums.cumsum(dim=-1)  # [B, nb]
+    total = running[:, -1]  # [B]
+    if not bool(((total > 0) & torch.isfinite(total)).all()):  # NaN, inf, negative or no weight: nothing to draw
+        raise NonFiniteLogitsError("the distribution to draw from has NaN or infinite weights, or none above zero")
     threshold = u.double()[:, None] * running[:, -1:]  # [B, 1]
     blocks = torch.searchsorted(running, threshold, side="left")[:, 0].tolist()  # [B] where it crosses
     tokens = []

@@ -9,15 +9,51 @@ import functools
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from specdec_cli import options as opt
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import NonFiniteLogitsError, SpecdecError, SpecdecWarning
+
+
+# Typer ≥ 0.2x vendors click; its usage errors derive from typer.TyperException (public). With an older Typer
+# they are click's own.
+try:
+    _UsageErrors = typer.TyperException
+except AttributeError:  # pragma: no cover - Typer < 0.2x on a machine we do not control (the GPU one)
+    import click
+
+    _UsageErrors = click.ClickException
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (an unknown option, --gamma abc, a missing argument) in one line, exit 2, like every
+    other error; Typer would draw a box of five lines."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _UsageErrors as e:
+            from specdec_cli import render
+
+            message = e.format_message().strip()
+            if message:  # empty: the help was just shown (`specdec` with no command)
+                where = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
+                render.error(f"{message}{where}")
+            code = e.exit_code
+        except typer.Abort:
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code or 0)
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode="rich",  # keeps the example lines of each command's help on lines of their own
@@ -27,8 +63,17 @@ app = typer.Typer(
 S, T, D = opt.SummarizeOptions(), opt.TranscribeOptions(), opt.DecodeOptions()
 
 
+def _version(value: bool):
+    if value:
+        from specdec_cli import __version__
+
+        print(f"specdec {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root():
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                 help="Print the version and exit.")] = False):
     """Faster transformer decoding with speculative sampling, verified by fused Triton kernels."""
 
 
@@ -40,10 +85,21 @@ def handle_errors(fn):
         from specdec_cli import render
 
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", SpecdecWarning)
+                shown = warnings.showwarning
+                warnings.showwarning = lambda message, category, *a, **k: (
+                    render.warn(str(message)) if issubclass(category, SpecdecWarning) else shown(message, category, *a, **k))
+                return fn(*args, **kwargs)
+        except NonFiniteLogitsError as e:  # a model that never did this before may be a damaged file
+            render.error(f"{e} (if this model worked before, `specdec cache verify` checks its cached files)")
+            raise typer.Exit(2)
         except SpecdecError as e:
             render.error(str(e))
             raise typer.Exit(2)
+        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as the other tools in a pipe do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(1)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - the last resort: never a bare traceback
@@ -201,22 +257,22 @@ def bench(
         )
     config.device = resolve_device(device)
     config.validate()
-    warnings = cfg.warnings_for(config)
-    for w in warnings:
+    results.check_outputs(out=out, csv_path=csv, plot_dir=plot)  # before the run, not after it
+    notes = cfg.warnings_for(config)
+    for w in notes:
         render.warn(w)
     with render.bench_progress(harness.total_steps(config), quiet=as_json) as advance:
-        measured = harness.run(config, progress=advance, warnings=warnings)
-    paths = results.write_outputs(measured, out=out, csv_path=csv, plot_dir=plot)
+        measured = harness.run(config, progress=advance, warnings=notes)
     if as_json:
-        print(json.dumps(measured.to_dict()))
+        print(json.dumps(measured.to_dict()), flush=True)
     else:
         render.bench_table(measured)
-    for w in measured.warnings[len(warnings):]:
+    for w in measured.warnings[len(notes):]:
         render.warn(w)
-    render.written(paths)
+    render.written(results.write_outputs(measured, out=out, csv_path=csv, plot_dir=plot))  # the table is shown first
 
 
-cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+cache_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, rich_markup_mode="rich",
                         help="List, verify and clear the models specdec converted and cached.")
 app.add_typer(cache_app, name="cache")
 
@@ -331,7 +387,8 @@ def summarize(
     alpha: Alpha = S.alpha,
     beta: Beta = S.beta,
     backend: Backend = S.backend,
-    truncate: Annotated[bool, typer.Option(help="Cut articles too long for the model's context instead of refusing them.")] = S.truncate,
+    truncate: Annotated[bool, typer.Option(help="Cut articles too long for the model's context instead of refusing them, to --max-input-tokens.")] = S.truncate,
+    max_input_tokens: Annotated[int, typer.Option(help="With --truncate: the prompt tokens kept (a long prompt takes long to read on a CPU).")] = S.max_input_tokens,
     draft_vocab: Annotated[int, typer.Option(help="Score only this many of the most frequent tokens (+ the prompt's) in the draft's output layer: a cheaper draft, the same output. 0 = the full vocabulary.")] = S.draft_vocab,
     draft_int8: Annotated[bool, typer.Option(help="Give the draft int8 weights (CPU only): a cheaper draft, the same output.")] = S.draft_quantized,
     draft_stop: DraftStop = S.draft_stop,
@@ -356,12 +413,12 @@ def summarize(
         target=target, draft=draft, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
         dtype=dtype, backend=backend, alpha=alpha, beta=beta, draft_vocab=draft_vocab, draft_stop=draft_stop,
-        draft_quantized=draft_int8, truncate=truncate,
+        draft_quantized=draft_int8, truncate=truncate, max_input_tokens=max_input_tokens,
     ).validate()
     inputs = [task.read_article(a) for a in articles]  # every input is checked before models load
     tgt, drf = task.load_pair(opts, progress=not as_json)
     with render.progress("summarizing", total=len(inputs), quiet=as_json) as advance:
-        results = task.summarize(tgt, drf, inputs, opts, on_batch=advance)
+        results = task.summarize(tgt, drf, inputs, opts, on_batch=advance, on_prefill=advance.reading)
     emit_results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {mode}")
 
 

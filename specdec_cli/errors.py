@@ -1,4 +1,7 @@
-"""Errors a user can fix. The CLI prints them as one line and exits 2; anything else exits 1."""
+"""Errors a user can fix, and warnings a user should read. The CLI prints each as one line: an error then exits
+2 (anything else exits 1), a warning lets the run go on."""
+
+import warnings
 
 
 class SpecdecError(Exception):
@@ -7,6 +10,15 @@ class SpecdecError(Exception):
 
 class NonFiniteLogitsError(SpecdecError):
     """NaN or +inf in logits given to verification (−inf marks a masked token and is allowed)."""
+
+
+class SpecdecWarning(UserWarning):
+    """Something the user should know and the run goes on: the CLI shows it as one line on stderr."""
+
+
+def warn(message: str) -> None:
+    """Say `message` to the user (a SpecdecWarning: library callers see a Python warning)."""
+    warnings.warn(message, SpecdecWarning, stacklevel=3)
 
 
 def first_line(error: BaseException) -> str:

@@ -82,15 +82,34 @@ def kernel_report(report) -> None:
 
 @contextlib.contextmanager
 def progress(title: str, total: int, quiet: bool = False):
-    """A progress bar over inputs; yields advance(done, total)."""
+    """A progress bar over inputs; yields advance(done, total), whose .reading(done, total) shows a second,
+    passing bar while a long prompt is read."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if quiet or not err.is_terminal:
-        yield lambda done, total: None
+        def advance(done, total):
+            return None
+
+        advance.reading = advance
+        yield advance
         return
-    with Progress(TextColumn(title), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
-        task = bar.add_task(title, total=total)
-        yield lambda done, total: bar.update(task, completed=done)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err) as bar:
+        task, prompt = bar.add_task(title, total=total), None
+
+        def advance(done, total):
+            bar.update(task, completed=done)
+
+        def reading(done, total):
+            nonlocal prompt
+            if prompt is None:
+                prompt = bar.add_task("reading the prompt (tokens)", total=total)
+            bar.update(prompt, completed=done, total=total, visible=done < total)
+            if done >= total:
+                prompt = None
+
+        advance.reading = reading
+        yield advance
 
 
 STAT_FIELDS = (
@@ -144,7 +163,10 @@ def _opt(v, fmt):
 
 
 def warn(msg: str) -> None:
-    err.print(f"[bold yellow]warning:[/] {msg}", highlight=False)
+    """One line: something the user should know; the run goes on."""
+    from rich.markup import escape
+
+    err.print(f"[bold yellow]warning:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from conftest import ROOT, ids_for, tiny_config, word_tokenizer
 from specdec_cli.cli import app
+from specdec_cli.errors import SpecdecWarning
 from specdec_cli.models import cache, causal_lm, load_causal_lm
 
 runner = CliRunner()
@@ -83,15 +84,16 @@ def damage_file(f, how):
 
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "zeros", "missing", "header"])
-def test_a_damaged_entry_is_said_and_rebuilt(gguf, how, capsys):
+def test_a_damaged_entry_is_said_and_rebuilt(gguf, how):
     first = load(gguf)
     want = logits(first)
     path, weights = entry_of(first)
     assert cache.damage(path.name) is None and cache.damage(path.name, full=True) is None
     damage_file(weights, how)
     assert cache.damage(path.name) is not None, "the quick check on load finds it"
-    again = load(gguf)
-    assert "damaged" in capsys.readouterr().err and len(DEQUANTIZED) == 2  # said, and rebuilt
+    with pytest.warns(SpecdecWarning, match="damaged|cannot be read"):  # said, and rebuilt
+        again = load(gguf)
+    assert len(DEQUANTIZED) == 2
     assert torch.equal(logits(again), want) and cache.damage(path.name, full=True) is None
 
 
@@ -109,44 +111,45 @@ def test_damage_the_quick_check_misses_is_found_by_verify(gguf, monkeypatch):
     assert r.exit_code == 1 and "checksum" in r.output
 
 
-def test_no_space_before_writing_runs_without_the_cache(gguf, monkeypatch, capsys):
+def test_no_space_before_writing_runs_without_the_cache(gguf, monkeypatch):
     monkeypatch.setattr(cache, "_free", lambda folder: 10 << 20)
-    lm = load(gguf)
-    err = capsys.readouterr().err
+    with pytest.warns(SpecdecWarning) as said:
+        lm = load(gguf)
+    (err,) = [str(w.message) for w in said]
     assert "no space left in" in err and "10.5 MB free" in err and "without caching" in err and "SPECDEC_CACHE" in err
     assert lm.path is None and not lm.cached and logits(lm).isfinite().all()
     assert [p.name for p in cache.models_dir().iterdir()] == []  # nothing half-written
 
 
-def test_no_space_while_writing_runs_without_the_cache(gguf, monkeypatch, capsys):
+def test_no_space_while_writing_runs_without_the_cache(gguf, monkeypatch):
     def full_disk(model, tokenizer, out, progress):
         (out / "model.safetensors").write_bytes(b"\x00" * 1000)  # part of a file, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(causal_lm, "_save_plain", full_disk)
-    lm = load(gguf)
-    assert "no space left in" in capsys.readouterr().err and lm.path is None
-    assert [p.name for p in cache.models_dir().iterdir()] == []
-    monkeypatch.undo()  # room again: the next run caches it
+    with pytest.warns(SpecdecWarning, match="no space left in"):
+        lm = load(gguf)
+    assert lm.path is None and [p.name for p in cache.models_dir().iterdir()] == []
 
 
-def test_read_only_cache_runs_without_it(gguf, monkeypatch, capsys):
+def test_read_only_cache_runs_without_it(gguf, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(cache, "tempfile", SimpleNamespace(mkdtemp=refuse))  # cache's own, not the fallback's
-    lm = load(gguf)
-    err = capsys.readouterr().err
-    assert "cannot write into" in err and "Permission denied" in err and lm.path is None
+    with pytest.warns(SpecdecWarning, match="cannot write into .*Permission denied"):
+        lm = load(gguf)
+    assert lm.path is None
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: permissions do not bind")
-def test_read_only_cache_folder(gguf, capsys):
+def test_read_only_cache_folder(gguf):
     cache.models_dir().mkdir(parents=True)
     os.chmod(cache.models_dir(), 0o500)
     try:
-        lm = load(gguf)
-        assert "cannot write into" in capsys.readouterr().err and lm.path is None
+        with pytest.warns(SpecdecWarning, match="cannot write into"):
+            lm = load(gguf)
+        assert lm.path is None
     finally:
         os.chmod(cache.models_dir(), 0o700)
 

@@ -13,7 +13,7 @@ from specdec_cli.models import LoadedModel
 from specdec_cli.models import whisper_convert as wc
 from specdec_cli.models.whisper import prompt_ids, special_ids
 from specdec_cli.tasks.audio import librivox_clips, load_audio
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import SpecdecError, SpecdecWarning
 
 INSTALLED = set(wc.iter_embedded_installed())
 CLIPS = librivox_clips()
@@ -318,22 +318,22 @@ def test_cache_is_reused_and_rebuilt_when_stale(base, cache, monkeypatch):
 
 @pytest.mark.slow
 @needs_base
-def test_a_damaged_or_unwritable_cache_entry(base, cache, monkeypatch, capsys):
+def test_a_damaged_or_unwritable_cache_entry(base, cache, monkeypatch):
     """Damage is said and the entry rebuilt; a cache without room is said and the model converted for this run."""
     weights = cache / "models" / "whisper-base" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2 : len(data) // 2 + (2 << 20)] = bytes(2 << 20)  # 2 MB of zeros in the middle
     weights.write_bytes(bytes(data))
-    model, _ = wc.load_embedded_whisper("base", dtype=torch.float32, show_progress=False)
-    assert "damaged" in capsys.readouterr().err and wc.cache.damage("whisper-base", full=True) is None
+    with pytest.warns(SpecdecWarning, match="damaged"):
+        model, _ = wc.load_embedded_whisper("base", dtype=torch.float32, show_progress=False)
+    assert wc.cache.damage("whisper-base", full=True) is None
     for name, p in model.named_parameters():
         assert torch.equal(p, dict(base[0].named_parameters())[name]), name
 
     monkeypatch.setenv("SPECDEC_CACHE", str(cache / "elsewhere"))
     monkeypatch.setattr(wc.cache, "_free", lambda folder: 1 << 20)
-    model, _ = wc.load_embedded_whisper("base", dtype=torch.float32, show_progress=False)
-    err = capsys.readouterr().err
-    assert "no space left in" in err and "without caching it" in err, err
+    with pytest.warns(SpecdecWarning, match="no space left in .*without caching it"):
+        model, _ = wc.load_embedded_whisper("base", dtype=torch.float32, show_progress=False)
     assert not (cache / "elsewhere" / "models" / "whisper-base").exists()
     assert torch.equal(model.proj_out.weight, base[0].proj_out.weight)
 

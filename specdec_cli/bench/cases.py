@@ -23,6 +23,14 @@ import math
 import torch
 
 ZIPF_MIN_RANK = 0.05  # V·u is clamped here: bounds how far the top token can stand out (s·log 20)
+# make_case holds about seven fp32 copies of the B·(γ+1)·V grid at its peak (uniforms, noise, logits, the draft
+# rows and their softmax while σ is calibrated), and a verification step of baseline two more: 48 bytes each
+BYTES_PER_ELEMENT = 48
+
+
+def case_bytes(batch: int, gamma: int, vocab: int) -> int:
+    """The memory a case of this size and one verification step on it take, about."""
+    return batch * (gamma + 1) * vocab * BYTES_PER_ELEMENT
 
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor, dim: int = -1) -> torch.Tensor:

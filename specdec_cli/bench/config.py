@@ -18,7 +18,8 @@ import torch
 
 from specdec_cli import options
 from specdec_cli.bench import runners
-from specdec_cli.bench.machine import load_average
+from specdec_cli.bench.cases import case_bytes
+from specdec_cli.bench.machine import check_memory, load_average
 from specdec_cli.errors import SpecdecError
 
 TASKS = ("synthetic", *runners.RUNNERS)
@@ -103,6 +104,8 @@ class SyntheticConfig:
         _check_run(self.repeat, self.threads, self.backend, self.alpha, self.beta)
         if not 0.0 < self.overlap <= 1.0:
             raise SpecdecError(f"--overlap must be in (0, 1] (got {self.overlap})")
+        V, B, G = max(self.vocabs), max(self.batches), max(self.gammas)
+        check_memory(f"--vocab {V} × --batch {B} × (--gamma {G} + 1)", case_bytes(B, G, V))
         return self
 
     @property

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specdec_cli import options
-from specdec_cli.bench.cases import make_case
+from specdec_cli.bench.cases import case_bytes, make_case
+from specdec_cli.bench.machine import check_memory
 from specdec_cli.kernels import exact, reference, sigmoid, triton_backend_name
 
 MODES = ("exact", "sigmoid")
@@ -59,6 +60,7 @@ def validate(mode: str, vocab: int, gamma: int, batch: int, samples: int, alpha:
     options.at_least("--samples", samples, 1)
     options.at_least("--cases", cases, 1)
     options.check_sigmoid(alpha, beta)
+    check_memory(f"--vocab {vocab} × --batch {batch} × (--gamma {gamma} + 1)", case_bytes(batch, gamma, vocab))
 
 
 def _case(batch, gamma, vocab, seed, device):
@@ -74,16 +76,25 @@ def _first_mismatch(expected, got) -> str:
     return f"row {b}: expected {expected[0][b].tolist()}, got {got[0][b].tolist()}"
 
 
+DRAW_CHUNK = 100_000  # steps per call of the distribution test: its memory stays bounded whatever --samples
+
+
 def _distribution_draws(fn, p, q, samples, gamma, seed, device):
-    """The first emitted token of `samples` independent steps whose every row has target p, draft q."""
+    """The first emitted token of `samples` independent steps whose every row has target p, draft q:
+    (counts per token [V], accepted counts [samples])."""
     g = torch.Generator().manual_seed(seed)
     V = len(p)
-    target = torch.log(p).expand(samples, gamma + 1, V).contiguous().to(device)
-    draft = q.expand(samples, gamma, V).contiguous().to(device)
-    tokens = torch.multinomial(q, samples * gamma, replacement=True, generator=g).reshape(samples, gamma).to(device)
-    u = (1 - torch.rand(samples, gamma + 1, generator=g)).to(device)
-    out, n = fn(tokens, draft, target, u)
-    return torch.bincount(out[:, 0].cpu(), minlength=V).double(), n.cpu()
+    counts, accepted = torch.zeros(V, dtype=torch.float64), []
+    for start in range(0, samples, DRAW_CHUNK):
+        n = min(DRAW_CHUNK, samples - start)
+        target = torch.log(p).expand(n, gamma + 1, V).contiguous().to(device)  # [n, γ+1, V]
+        draft = q.expand(n, gamma, V).contiguous().to(device)  # [n, γ, V]
+        tokens = torch.multinomial(q, n * gamma, replacement=True, generator=g).reshape(n, gamma).to(device)
+        u = (1 - torch.rand(n, gamma + 1, generator=g)).to(device)  # [n, γ+1]
+        out, k = fn(tokens, draft, target, u)
+        counts += torch.bincount(out[:, 0].cpu(), minlength=V).double()
+        accepted.append(k.cpu())
+    return counts, torch.cat(accepted)
 
 
 def _small_pair(seed):

@@ -10,12 +10,31 @@ from pathlib import Path
 
 import torch
 
+from specdec_cli.errors import SpecdecError
+from specdec_cli.models.cache import human
+
 
 def load_average() -> float | None:
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):
         return None
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can still give (Linux MemAvailable), None where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def check_memory(what: str, needed: int) -> None:
+    """Refuse up front a request that would take more memory than the machine has available."""
+    free = available_memory()
+    if free is not None and needed > free:
+        raise SpecdecError(f"{what} needs about {human(needed)} of memory; this machine has {human(free)} available")
 
 
 def cpu_model() -> str:

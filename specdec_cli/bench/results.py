@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,19 +84,44 @@ def write_csv(results: BenchResults, path: Path) -> None:
             w.writerow({k: ("" if v is None else v) for k, v in row.items()})
 
 
+def check_outputs(*, out: Path | None = None, csv_path: Path | None = None, plot_dir: Path | None = None) -> None:
+    """Refuse, before anything runs, an output that could not be written: a file path that is a folder, or a
+    folder (the plots', or a file's) that cannot be made or written into."""
+    for flag, path, is_dir in (("--out", out, False), ("--csv", csv_path, False), ("--plot", plot_dir, True)):
+        if path is None:
+            continue
+        path = Path(path)
+        if not is_dir and path.is_dir():
+            raise SpecdecError(f"{flag} {path}: is a folder; give a file name")
+        if is_dir and path.exists() and not path.is_dir():
+            raise SpecdecError(f"{flag} {path}: is a file; give a folder for the plots")
+        folder = path if is_dir else path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)  # an empty output folder is harmless; a failure now is cheap
+        except OSError as e:
+            raise SpecdecError(f"{flag} {path}: cannot make the folder {folder} ({e.strerror or e})") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise SpecdecError(f"{flag} {path}: cannot write into {folder} (permission denied)")
+
+
 def write_outputs(results: BenchResults, *, out: Path | None = None, csv_path: Path | None = None,
                   plot_dir: Path | None = None) -> list[Path]:
-    """Write whichever of JSON, CSV and plots were asked for; returns the paths written."""
-    written = []
-    try:
-        if out is not None:
-            write_json(results, out)
-            written.append(Path(out))
-        if csv_path is not None:
-            write_csv(results, csv_path)
-            written.append(Path(csv_path))
-        if plot_dir is not None:
-            written += plots.plot_results(results, Path(plot_dir))
-    except OSError as e:
-        raise SpecdecError(f"cannot write results: {e}") from None
+    """Write whichever of JSON, CSV and plots were asked for; returns the paths written. A write that fails
+    does not stop the others: the failures are raised together afterwards, each naming its file."""
+    jobs = []
+    if out is not None:
+        jobs.append((Path(out), lambda: [write_json(results, out) or Path(out)]))
+    if csv_path is not None:
+        jobs.append((Path(csv_path), lambda: [write_csv(results, csv_path) or Path(csv_path)]))
+    if plot_dir is not None:
+        jobs.append((Path(plot_dir), lambda: plots.plot_results(results, Path(plot_dir))))
+    written, failed = [], []
+    for path, job in jobs:
+        try:
+            written += job()
+        except OSError as e:
+            failed.append(f"{path}: {e.strerror or e}")
+    if failed:
+        kept = f" (written: {', '.join(map(str, written))})" if written else ""
+        raise SpecdecError(f"cannot write {'; '.join(failed)}{kept}")
     return written

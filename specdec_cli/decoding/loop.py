@@ -109,11 +109,25 @@ def _left_padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | No
 # The stages
 
 
-def prefill(decoders: Iterable[Decoder], slots: _Slots) -> None:
-    """Every slot before `pending` into each cache."""
-    tokens, mask, positions = slots.window(0, slots.pending)
+PREFILL_CHUNK = 1024  # a longer prompt is read in pieces of this many slots, with progress after each
+
+
+def prefill(decoders: list[Decoder], slots: _Slots, on_progress=None) -> None:
+    """Every slot before `pending` into each cache. A prompt longer than PREFILL_CHUNK is read piece by piece
+    (the same in every mode, so greedy speculative output stays the autoregressive one); on_progress(done,
+    total) counts the slots read, over all decoders."""
+    end = slots.pending
+    total, done = end * len(decoders), 0
     for decoder in decoders:
-        decoder.prefill(tokens, mask, positions)
+        decoder.prefill(*slots.window(0, min(end, PREFILL_CHUNK)))
+        done += min(end, PREFILL_CHUNK)
+        for start in range(PREFILL_CHUNK, end, PREFILL_CHUNK):
+            if on_progress is not None:
+                on_progress(done, total)
+            decoder.forward(*slots.window(start, min(end, start + PREFILL_CHUNK)), keep=1)
+            done += min(end, start + PREFILL_CHUNK) - start
+    if on_progress is not None and end > PREFILL_CHUNK:
+        on_progress(total, total)
 
 
 def draft(
@@ -248,6 +262,7 @@ def generate(
     backend: str = options.DecodeOptions.backend,
     vocab_size: int | None = None,
     draft_stop_below: float = options.DecodeOptions.draft_stop,
+    on_prefill=None,
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
@@ -255,7 +270,8 @@ def generate(
     mode="autoregressive"). params: temperature, top-k, top-p, seed (default: greedy). vocab_size: the V
     both models' logits are cut to (models.check_compatible's answer when lm_heads carry padding rows);
     default: the target's lm_head rows. draft_stop_below: end a round's drafting early when the draft is
-    unsure (see `draft`); 0 = always draft γ. Returns the new tokens of each row and the run's stats."""
+    unsure (see `draft`); 0 = always draft γ. on_prefill(done, total): progress through a long prompt.
+    Returns the new tokens of each row and the run's stats."""
     options.one_of("--mode", mode, MODES)
     options.one_of("--gamma-schedule", gamma_schedule, options.GAMMA_SCHEDULES)
     speculative = mode != "autoregressive"
@@ -282,7 +298,7 @@ def generate(
         decoders = [target] + ([draft_dec] if speculative else [])
 
         t_start = _clock(device)
-        prefill(decoders, slots)
+        prefill(decoders, slots, on_prefill)
         stats.prefill_s = _clock(device) - t_start
         g = gamma
         while True:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_cli import options
+from specdec_cli.errors import NonFiniteLogitsError
 from specdec_cli.kernels.exact import draw_from_weights
 
 _DEFAULTS = options.DecodeOptions()
@@ -114,6 +115,8 @@ def sample_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [B, V] -> (tokens int64 [B], probs float32 [B, V] they were drawn from, or None if greedy)."""
     if params.greedy:
+        if not bool(torch.isfinite(logits.amax(dim=-1)).all()):  # a max shows NaN, +inf and an all-masked row
+            raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
         return logits.argmax(dim=-1), None
     probs = probs_from_logits(process_logits(logits, params))
     return sample(probs, u), probs

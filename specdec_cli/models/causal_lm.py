@@ -29,11 +29,11 @@ from typing import Any
 import torch
 
 from specdec_cli import internals
-from specdec_cli.errors import SpecdecError, first_line
+from specdec_cli.errors import SpecdecError, first_line, warn
 from specdec_cli.models import cache
 from specdec_cli.models.device import dtype_name
 from specdec_cli.models.loading import Family, LoadedModel, load_model, read_directory
-from specdec_cli.models.progress import byte_progress, note, quiet_transformers, status, warn
+from specdec_cli.models.progress import byte_progress, note, quiet_transformers, status
 
 GGUF_MAGIC = b"GGUF"
 
@@ -362,8 +362,12 @@ class CausalLMFamily(Family):
         return super().directory(spec, path, dtype, progress)
 
     def read(self, where, dtype, local_only):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
+        config = AutoConfig.from_pretrained(where, local_files_only=local_only)
+        if getattr(config, "is_encoder_decoder", False):  # transformers would load Whisper's decoder alone
+            raise SpecdecError(f"'{where}' is an encoder-decoder model ({config.model_type}), not a causal LM: "
+                               "summarize needs a decoder-only model (Whisper models go to specdec transcribe)")
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=local_only)
         return model, _read_tokenizer(where, local_only), None
 

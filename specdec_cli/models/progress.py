@@ -53,11 +53,3 @@ def note(enabled: bool, message: str) -> None:
         from rich.console import Console
 
         Console(stderr=True).print(message, style="dim", highlight=False, soft_wrap=True)
-
-
-def warn(message: str) -> None:
-    """One line on stderr that the user should read whatever else is on (--json included)."""
-    from rich.console import Console
-    from rich.markup import escape
-
-    Console(stderr=True).print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)

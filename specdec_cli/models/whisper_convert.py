@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import SpecdecError, warn
 from specdec_cli.models import cache
-from specdec_cli.models.progress import quiet_transformers, warn
+from specdec_cli.models.progress import quiet_transformers
 
 # Bump when the conversion output changes: caches written by another version are rebuilt.
 CONVERTER_VERSION = 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import SpecdecError, warn
 
 SAMPLE_RATE = 16_000  # Whisper's input rate
 WINDOW_SECONDS = 30.0  # Whisper's receptive field: 3000 mel frames of 10 ms
@@ -31,6 +31,10 @@ def load_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     audio, sr = _read(p)  # [frames, channels] float32
     if audio.shape[0] == 0:
         raise SpecdecError(f"{p}: holds no audio samples (zero length)")
+    claimed = _wav_claimed_frames(p)
+    if claimed is not None and claimed > audio.shape[0]:
+        warn(f"{p}: the file ends early ({audio.shape[0] / sr:.1f} s of the {claimed / sr:.1f} s its header "
+             "announces): transcribing what is there")
     if not np.all(np.isfinite(audio)):
         raise SpecdecError(f"{p}: corrupt audio (NaN or infinite samples)")
     mono = audio.mean(axis=1, dtype=np.float32) if audio.shape[1] > 1 else audio[:, 0]
@@ -39,6 +43,27 @@ def load_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
 
         mono = librosa.resample(mono, orig_sr=sr, target_sr=sample_rate, res_type="soxr_hq")
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def _wav_claimed_frames(p: Path) -> int | None:
+    """The frames a RIFF/WAVE header says its data chunk holds (None: not a WAV, or no data chunk found).
+    libsndfile quietly reads what is there, so a file cut short shows only here."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return None
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    pos, block_align = 12, None
+    while pos + 8 <= len(head):
+        tag, size = head[pos : pos + 4], int.from_bytes(head[pos + 4 : pos + 8], "little")
+        if tag == b"fmt " and pos + 22 <= len(head):
+            block_align = int.from_bytes(head[pos + 20 : pos + 22], "little")
+        if tag == b"data":
+            return size // block_align if block_align else None
+        pos += 8 + size + (size & 1)
+    return None
 
 
 def _read(p: Path) -> tuple[np.ndarray, int]:

@@ -17,7 +17,7 @@ from specdec_cli.decoding import GenerationStats, SamplingParams, generate
 from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.layers import self_draft_from_spec
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import SpecdecError, warn
 from specdec_cli.models import LoadedModel, check_compatible
 from specdec_cli.models.causal_lm import CAUSAL_LM
 from specdec_cli.options import SummarizeOptions
@@ -42,7 +42,12 @@ class Summary:
 def read_article(path: str) -> Article:
     """One article from a UTF-8 text file, or stdin for "-". Refuses what cannot be an article."""
     if path == "-":
-        data = sys.stdin.buffer.read()
+        if sys.stdin is None or sys.stdin.closed:
+            raise SpecdecError("-: standard input is closed: nothing to summarize")
+        try:
+            data = sys.stdin.buffer.read()
+        except (OSError, ValueError) as e:
+            raise SpecdecError(f"-: cannot read standard input ({e})") from None
     else:
         p = Path(path)
         if not p.exists():
@@ -75,27 +80,39 @@ def context_limit(model) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
 
-def encode(tokenizer, model, articles: list[Article], max_new_tokens: int, truncate: bool) -> list[list[int]]:
-    """Token ids of each prompt; an article too long for the context is refused, or cut with `truncate`."""
+def encode(tokenizer, model, articles: list[Article], max_new_tokens: int, truncate: bool,
+           max_input_tokens: int | None = None) -> list[list[int]]:
+    """Token ids of each prompt. An article too long for the model's context is refused; with `truncate` it is
+    cut to fit the input budget, max_input_tokens (and the context), and a warning says how much was cut."""
     limit = context_limit(model)
+    room = None if limit is None else limit - max_new_tokens  # prompt tokens the context leaves
+    budget = min(b for b in (room, max_input_tokens if truncate else None, 10**12) if b is not None)
     prompts = []
     for a in articles:
-        text = a.text
-        while True:
-            ids = tokenizer(build_prompt(tokenizer, text), add_special_tokens=False)["input_ids"]
-            if limit is None or len(ids) + max_new_tokens <= limit:
-                break
+        ids = tokenizer(build_prompt(tokenizer, a.text), add_special_tokens=False)["input_ids"]
+        if len(ids) > budget:
             if not truncate:
                 raise SpecdecError(
                     f"{a.name}: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the model's "
                     f"context of {limit}; pass --truncate to cut the article"
                 )
-            words = text.split()
-            if len(words) <= 1:
-                raise SpecdecError(f"{a.name}: --max-new-tokens {max_new_tokens} leaves no room for the article")
-            text = " ".join(words[: int(len(words) * 0.9)])  # cut the end by a tenth until it fits
+            ids = _cut(tokenizer, a, budget, max_new_tokens, full=len(ids))
         prompts.append(ids)
     return prompts
+
+
+def _cut(tokenizer, article: Article, budget: int, max_new_tokens: int, full: int) -> list[int]:
+    """The prompt of `article` cut at its end to at most `budget` tokens; warns how much was cut."""
+    overhead = len(tokenizer(build_prompt(tokenizer, ""), add_special_tokens=False)["input_ids"])
+    words = tokenizer(article.text, add_special_tokens=False)["input_ids"]
+    keep = budget - overhead
+    while keep > 0:
+        ids = tokenizer(build_prompt(tokenizer, tokenizer.decode(words[:keep])), add_special_tokens=False)["input_ids"]
+        if len(ids) <= budget:  # re-tokenizing can merge differently at the cut: shrink until it fits
+            warn(f"{article.name}: cut to {len(ids)} of its {full} prompt tokens (--max-input-tokens {budget})")
+            return ids
+        keep -= max(1, len(ids) - budget)
+    raise SpecdecError(f"{article.name}: --max-new-tokens {max_new_tokens} leaves no room for the article")
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,10 +137,12 @@ def eos_ids(tokenizer, model) -> set[int]:
 
 
 def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Article],
-              options: SummarizeOptions | None = None, *, on_batch=None, **overrides) -> list[Summary]:
+              options: SummarizeOptions | None = None, *, on_batch=None, on_prefill=None,
+              **overrides) -> list[Summary]:
     """Summaries of `articles` in input order. target/draft: LoadedModels from load_pair (draft None for
     autoregressive). options: the SummarizeOptions (default: the CLI's defaults), with `overrides` applied
-    (e.g. mode="autoregressive", gamma=6). on_batch(done, total) is called after each batch (progress).
+    (e.g. mode="autoregressive", gamma=6). on_batch(done, total) is called after each batch, on_prefill(done,
+    total) while a long prompt is read (progress).
 
     Three things make the draft cheaper and leave the output exactly the target's: draft_vocab > 0 cuts its
     output layer to the draft_vocab most frequent tokens plus the batch's prompt tokens (drafts/subset_head.py);
@@ -134,7 +153,7 @@ def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Art
         raise SpecdecError(f"mode {opts.mode!r} needs a draft model")
     draft = draft if opts.speculative else None
     tok, model = target.tokenizer, target.model
-    prompts = encode(tok, model, articles, opts.max_new_tokens, opts.truncate)
+    prompts = encode(tok, model, articles, opts.max_new_tokens, opts.truncate, opts.max_input_tokens)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos_ids(tok, model)), 0)
     eos = eos_ids(tok, model)
     vocab = None if draft is None else check_compatible(target, draft)  # heads may pad rows past the vocabulary
@@ -153,7 +172,7 @@ def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Art
             model, None if draft is None else draft.model, input_ids.to(target.device), attention_mask.to(target.device),
             mode=opts.mode, gamma=opts.gamma, gamma_schedule=opts.gamma_schedule, params=params,
             max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
-            backend=opts.backend, vocab_size=vocab, draft_stop_below=opts.draft_stop,
+            backend=opts.backend, vocab_size=vocab, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
         )
         for article, tokens, reason in zip(articles[chunk], result.tokens, result.finish_reasons):
             text = tok.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()
