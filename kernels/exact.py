@@ -10,6 +10,12 @@ The rule is kernels/reference.py's. What this adds is how little it reads:
 Memory traffic for B sequences: read B·(γ+1)·V target logits once, plus one target row and one draft row
 per sequence; write B·(γ+1) tokens. No host synchronisation between the three launches.
 
+What one step must read, at γ = 5, V = 151 936, bf16 logits and fp32 draft probabilities (2·B·6·V bytes of
+logits, then 2·B·V of the drawn rows and 4·B·V of their draft rows), and the floor that sets at 3 TB/s:
+    B = 1:    2.7 MB  ->  0.9 µs        (three launches of a few µs each cost more: latency-bound)
+    B = 8:   21.9 MB  ->  7.3 µs
+    B = 64: 175.0 MB  -> 58.3 µs        (bandwidth-bound: the figure to compare a GPU run with)
+
 Triton grid (the paper's grid over (batch, draft position) with the vocabulary tiled in blocks of n,
 plus a split of each row over several programs so that B = 1 still fills the GPU):
   1. _row_stats_kernel      (B·(γ+1), SPLITS): running max and Σ exp over one split of one row
@@ -130,24 +136,28 @@ def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, tempe
 # Triton kernels
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["gamma"])  # γ changes every round with adaptive schedules: no recompilation
 def _row_stats_kernel(
     # pointers
-    logits_ptr,  # [R, V] target logits, R = B·(γ+1)
-    max_ptr,  # [R, SPLITS] fp32 out: running max of z/T over the split
-    sum_ptr,  # [R, SPLITS] fp32 out: Σ exp(z/T − max) over the split
-    bad_ptr,  # [R, SPLITS] int32 out: count of NaN / +inf in the split
-    # sizes
+    logits_ptr,  # [B, γ+1, V] target logits, any strides but a contiguous last dim
+    max_ptr,  # [B·(γ+1), SPLITS] fp32 out: running max of z/T over the split
+    sum_ptr,  # [B·(γ+1), SPLITS] fp32 out: Σ exp(z/T − max) over the split
+    bad_ptr,  # [B·(γ+1), SPLITS] int32 out: count of NaN / +inf in the split
+    # sizes and strides
+    gamma,
     V,
     chunk,  # elements per split, a multiple of BLOCK
+    SPLITS,
+    stride_zb,
+    stride_zc,
     inv_t,
     # meta-parameters
-    SPLITS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     # online softmax statistics: m' = max(m, max(x)), s' = s·e^(m − m') + Σ e^(x − m')
-    row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·(γ+1)·V can pass 2^31
+    row = tl.program_id(0).to(tl.int64)  # r = b·(γ+1) + c; 64-bit offsets: B·(γ+1)·V can pass 2^31
     split = tl.program_id(1)
+    z_row = logits_ptr + (row // (gamma + 1)) * stride_zb + (row % (gamma + 1)) * stride_zc
     start = split * chunk
     m = tl.full((), float("-inf"), tl.float32)
     s = tl.zeros((), tl.float32)
@@ -155,7 +165,7 @@ def _row_stats_kernel(
     for off in range(0, chunk, BLOCK):
         cols = start + off + tl.arange(0, BLOCK)
         mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
-        x = tl.load(logits_ptr + row * V + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+        x = tl.load(z_row + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
         bad += tl.sum(((x != x) | (x == float("inf"))).to(tl.int32))
         x = tl.where(x == x, x, float("-inf"))  # NaN is counted above, kept out of the sums
         m_new = tl.maximum(m, tl.max(x))
@@ -191,12 +201,12 @@ def _tile(row_z, row_q, cols, mask, has_draft, V, SIGMOID: tl.constexpr):
     return z, q
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["gamma"])
 def _accept_weights_kernel(
     # pointers
     tokens_ptr,  # [B, γ] int64 draft tokens
-    draft_ptr,  # [B, γ, V] draft probabilities (SIGMOID: raw draft logits)
-    logits_ptr,  # [B, γ+1, V] target logits
+    draft_ptr,  # [B, γ, V] draft probabilities (SIGMOID: raw draft logits), contiguous last dim
+    logits_ptr,  # [B, γ+1, V] target logits, contiguous last dim
     u_ptr,  # [B, γ+1] fp32 uniforms in (0, 1]
     max_ptr,  # [B·(γ+1), SPLITS] from stage 1 (unused when SIGMOID)
     sum_ptr,  # [B·(γ+1), SPLITS]
@@ -205,15 +215,23 @@ def _accept_weights_kernel(
     wsum_ptr,  # [B, SPLITS] fp64 out: Σ residual over the split of row n
     psum_ptr,  # [B, SPLITS] fp64 out: Σ p over the split of row n (the fallback when the residual is 0)
     bad_ptr,  # [B, SPLITS] int32 out (SIGMOID only: NaN / +inf among what it read)
-    # sizes
+    # sizes and strides
     gamma,
     V,
     chunk,
+    SPLITS,
+    stride_tb,
+    stride_tc,
+    stride_qb,
+    stride_qc,
+    stride_zb,
+    stride_zc,
+    stride_ub,
+    stride_uc,
     inv_t,
     alpha,
     beta,
     # meta-parameters
-    SPLITS: tl.constexpr,
     GAMMA_P2: tl.constexpr,  # next power of 2 >= γ+1
     SPLITS_P2: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -238,10 +256,10 @@ def _accept_weights_kernel(
         lse = row_max_safe + tl.log(tl.where(c <= gamma, total, 1.0))  # padded rows: 0, unused
 
     # acceptance from gathered scalars: accept x_c iff q(x_c) > 0 and u_c·q(x_c) <= p(x_c)
-    x = tl.load(tokens_ptr + b * gamma + c, mask=is_draft, other=0)  # [GAMMA_P2]
-    z_x = tl.load(logits_ptr + (b * (gamma + 1) + c) * V + x, mask=is_draft, other=0.0).to(tl.float32)
-    q_x = tl.load(draft_ptr + (b * gamma + c) * V + x, mask=is_draft, other=1.0).to(tl.float32)
-    u = tl.load(u_ptr + b * (gamma + 1) + c, mask=is_draft, other=1.0)
+    x = tl.load(tokens_ptr + b * stride_tb + c * stride_tc, mask=is_draft, other=0)  # [GAMMA_P2]
+    z_x = tl.load(logits_ptr + b * stride_zb + c * stride_zc + x, mask=is_draft, other=0.0).to(tl.float32)
+    q_x = tl.load(draft_ptr + b * stride_qb + c * stride_qc + x, mask=is_draft, other=1.0).to(tl.float32)
+    u = tl.load(u_ptr + b * stride_ub + c * stride_uc, mask=is_draft, other=1.0)
     if SIGMOID:
         p_x = tl.sigmoid((z_x * inv_t - alpha) / (beta - alpha))
         q_x = tl.sigmoid((q_x * inv_t - alpha) / (beta - alpha))
@@ -253,8 +271,8 @@ def _accept_weights_kernel(
 
     # Σ of the draw's weights over this split of row n
     use_residual = n < gamma  # the bonus row has no draft row to read
-    row_z = logits_ptr + (b * (gamma + 1) + n) * V
-    row_q = draft_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
+    row_z = logits_ptr + b * stride_zb + n * stride_zc
+    row_q = draft_ptr + b * stride_qb + tl.minimum(n, gamma - 1) * stride_qc
     w_acc = tl.zeros((BLOCK,), tl.float64)
     p_acc = tl.zeros((BLOCK,), tl.float64)
     bad = tl.zeros((), tl.int32)
@@ -277,7 +295,7 @@ def _accept_weights_kernel(
         tl.store(lse_ptr + b, lse_n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["gamma"])
 def _draw_kernel(
     # pointers
     tokens_ptr,  # [B, γ] int64 draft tokens
@@ -288,16 +306,28 @@ def _draw_kernel(
     lse_ptr,  # [B] fp32
     wsum_ptr,  # [B, SPLITS] fp64
     psum_ptr,  # [B, SPLITS] fp64
+    max_ptr,  # [B·(γ+1), SPLITS] fp32 from stage 1 (exact: a row whose max is −inf is all masked)
+    row_bad_ptr,  # [B·(γ+1), SPLITS] int32 from stage 1
+    draw_bad_ptr,  # [B, SPLITS] int32 from stage 2
     out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then −1
-    # sizes
+    error_ptr,  # [B] int32 out: 0, or ERR_NONFINITE | ERR_ALL_MASKED for what this sequence's rows held
+    # sizes and strides
     gamma,
     V,
     chunk,
+    SPLITS,
+    stride_tb,
+    stride_tc,
+    stride_qb,
+    stride_qc,
+    stride_zb,
+    stride_zc,
+    stride_ub,
+    stride_uc,
     inv_t,
     alpha,
     beta,
     # meta-parameters
-    SPLITS: tl.constexpr,
     GAMMA_P2: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -312,14 +342,14 @@ def _draw_kernel(
     p_split = tl.load(psum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0)
     use_residual = (n < gamma) & (tl.sum(w_split) > 0)  # an all-zero residual (p == q) falls back to p
     w_split = tl.where(use_residual, w_split, p_split)
-    threshold = tl.load(u_ptr + b * (gamma + 1) + gamma).to(tl.float64) * tl.sum(w_split)
+    threshold = tl.load(u_ptr + b * stride_ub + gamma * stride_uc).to(tl.float64) * tl.sum(w_split)
     running = tl.cumsum(w_split, axis=0)
     last_split = tl.max(tl.where(w_split > 0, k, 0))
     split = tl.min(tl.where((running >= threshold) & (w_split > 0), k, last_split))
     before = tl.sum(tl.where(k < split, w_split, 0.0))
 
-    row_z = logits_ptr + (b * (gamma + 1) + n) * V
-    row_q = draft_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
+    row_z = logits_ptr + b * stride_zb + n * stride_zc
+    row_q = draft_ptr + b * stride_qb + tl.minimum(n, gamma - 1) * stride_qc
     token = tl.full((), -1, tl.int64)
     last_positive = tl.full((), -1, tl.int64)
     for off in range(0, chunk, BLOCK):
@@ -336,40 +366,65 @@ def _draw_kernel(
     token = tl.where(token < 0, last_positive, token)  # rounding left the threshold above the total
 
     c = tl.arange(0, GAMMA_P2)
-    x = tl.load(tokens_ptr + b * gamma + c, mask=c < gamma, other=-1)
+    x = tl.load(tokens_ptr + b * stride_tb + c * stride_tc, mask=c < gamma, other=-1)
     out = tl.where(c < n, x, tl.where(c == n, token, -1))
     tl.store(out_ptr + b * (gamma + 1) + c, out, mask=c <= gamma)
 
+    # what the caller must hear about, read when it chooses (no host synchronisation here)
+    bad = tl.sum(tl.load(draw_bad_ptr + b * SPLITS + k, mask=k < SPLITS, other=0))
+    error = tl.zeros((), tl.int32)
+    if not SIGMOID:
+        stat = (b * (gamma + 1) + c)[:, None] * SPLITS + k[None, :]  # [GAMMA_P2, SPLITS_P2]
+        stat_mask = (c <= gamma)[:, None] & (k < SPLITS)[None, :]
+        bad += tl.sum(tl.sum(tl.load(row_bad_ptr + stat, mask=stat_mask, other=0), axis=1))
+        row_max = tl.max(tl.load(max_ptr + stat, mask=stat_mask, other=float("-inf")), axis=1)  # [GAMMA_P2]
+        masked = tl.sum(((row_max == float("-inf")) & (c <= gamma)).to(tl.int32))
+        error = tl.where(masked > 0, ERR_ALL_MASKED, error)
+    error = tl.where(bad > 0, error | ERR_NONFINITE, error)
+    tl.store(error_ptr + b, error)
 
-def _plan(V: int, rows: int, device: torch.device, interpreted: bool):
-    """BLOCK, SPLITS and the chunk of the vocabulary each split covers (a multiple of BLOCK)."""
+
+ERR_NONFINITE: tl.constexpr = tl.constexpr(1)  # error bits of _draw_kernel
+ERR_ALL_MASKED: tl.constexpr = tl.constexpr(2)
+ERRORS = {1: "target logits contain NaN or +inf", 2: "target logits are all -inf in a row: every token is masked"}
+
+
+def _plan(V: int, rows: int, device: torch.device, interpreted: bool, sms: int | None = None):
+    """BLOCK, SPLITS and the chunk of the vocabulary each split covers (a multiple of BLOCK). sms: the
+    streaming multiprocessors to fill (default: the device's), so that a plan can be made for a GPU this
+    machine does not have (compile.py)."""
     block = 4096 if interpreted else 1024  # the interpreter pays per tile, a GPU per register
     tiles = triton.cdiv(V, block)
     if interpreted:
         splits = min(tiles, 4)
     else:  # enough programs to cover every SM about four times over
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = sms or torch.cuda.get_device_properties(device).multi_processor_count
         splits = max(1, min(tiles, triton.cdiv(4 * sms, rows), 64))
     chunk = triton.cdiv(tiles, splits) * block
     splits = triton.cdiv(V, chunk)
     return block, splits, chunk
 
 
-def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0, check=True):
-    """Shared launcher of the exact and sigmoid kernels. `draft` is draft_probs, or the draft logits
-    when sigmoid. Returns (out_tokens [B, γ+1], num_accepted [B]); raises NonFiniteLogitsError when
-    check is set (that reads one flag back: a host synchronisation, skipped under graph capture)."""
+def _last_dim_contiguous(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0):
+    """Shared launcher of the exact and sigmoid kernels. `draft` is draft_probs, or the draft logits when
+    sigmoid. Every input is read through its strides (a vocabulary slice is not copied; a last dim that is
+    not contiguous is). Returns (out_tokens [B, γ+1], num_accepted [B], error [B] int32: 0, or the bits of
+    ERRORS), with no host synchronisation: a CUDA graph can hold it."""
     # (1) check shapes
     B, gamma = draft_tokens.shape
     V = target_logits.shape[-1]
     assert draft.shape == (B, gamma, V) and target_logits.shape == (B, gamma + 1, V), "shape mismatch"
     assert uniforms.shape == (B, gamma + 1) and 1 <= gamma
-    draft_tokens, draft, target_logits = draft_tokens.contiguous(), draft.contiguous(), target_logits.contiguous()
-    uniforms = uniforms.float().contiguous()
+    draft, target_logits = _last_dim_contiguous(draft), _last_dim_contiguous(target_logits)
+    uniforms = uniforms.float()
     device = target_logits.device
     interpreted = triton_backend_name() == "triton-interpreter"
     block, splits, chunk = _plan(V, B * (gamma + 1), device, interpreted)
-    meta = dict(SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
+    meta = dict(SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
     inv_t = 1.0 / temperature
     # (2) allocate outputs
     f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
@@ -382,27 +437,55 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     psum = torch.empty_like(wsum)
     draw_bad = torch.zeros((B, splits), dtype=i32, device=device)
     out = torch.empty((B, gamma + 1), dtype=i64, device=device)
+    error = torch.empty(B, dtype=i32, device=device)
+    strides = (*draft_tokens.stride(), *draft.stride()[:2], *target_logits.stride()[:2], *uniforms.stride())
     # (3) launch
     if not sigmoid:
         _row_stats_kernel[(B * (gamma + 1), splits)](
-            target_logits, row_max, row_sum, row_bad, V, chunk, inv_t, **meta
+            target_logits, row_max, row_sum, row_bad, gamma, V, chunk, splits, *target_logits.stride()[:2], inv_t,
+            BLOCK=block,
         )
     shared = dict(GAMMA_P2=triton.next_power_of_2(gamma + 1), SIGMOID=sigmoid, **meta)
     _accept_weights_kernel[(B, splits)](
         draft_tokens, draft, target_logits, uniforms, row_max, row_sum, n, lse_n, wsum, psum, draw_bad,
-        gamma, V, chunk, inv_t, alpha, beta, **shared,
+        gamma, V, chunk, splits, *strides, inv_t, alpha, beta, **shared,
     )
     _draw_kernel[(B,)](
-        draft_tokens, draft, target_logits, uniforms, n, lse_n, wsum, psum, out,
-        gamma, V, chunk, inv_t, alpha, beta, **shared,
+        draft_tokens, draft, target_logits, uniforms, n, lse_n, wsum, psum, row_max, row_bad, draw_bad, out, error,
+        gamma, V, chunk, splits, *strides, inv_t, alpha, beta, **shared,
     )
-    if check:
-        if bool(row_bad.any()) or bool(draw_bad.any()):
-            raise NonFiniteLogitsError("target logits contain NaN or +inf")
-        if not sigmoid and bool((row_max.amax(dim=1) == float("-inf")).any()):
-            raise NonFiniteLogitsError("target logits are all -inf in a row: every token is masked")
-    return out, n
+    return out, n, error
+
+
+def raise_for(error) -> None:
+    """NonFiniteLogitsError for the error flags of a launch: one host synchronisation, when the caller
+    chooses to read them (the decoding loop reads them with the accepted counts it copies anyway)."""
+    bits = int(error.max()) if error.numel() else 0
+    if bits:
+        raise NonFiniteLogitsError(ERRORS[1] if bits & 1 else ERRORS[2])
+
+
+# The Triton verification as a torch custom op, so that torch.compile and CUDA graphs can hold it: the fake
+# implementation gives the shapes without running anything.
+@torch.library.custom_op("specdec::verify_triton", mutates_args=())
+def verify_triton_op(draft_tokens: torch.Tensor, draft: torch.Tensor, target_logits: torch.Tensor,
+                     uniforms: torch.Tensor, temperature: float, sigmoid: bool, alpha: float,
+                     beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid=sigmoid, alpha=alpha, beta=beta)
+
+
+@verify_triton_op.register_fake
+def _(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha, beta):
+    B, gamma = draft_tokens.shape
+    new = draft_tokens.new_empty
+    return new((B, gamma + 1)), new((B,)), new((B,), dtype=torch.int32)
 
 
 def verify_exact_triton(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0, check=True):
-    return launch(draft_tokens, draft_probs, target_logits, uniforms, temperature, sigmoid=False, check=check)
+    """(out_tokens, num_accepted), raising NonFiniteLogitsError when check; with check=False also the error
+    flags (a third element, read with raise_for when the caller chooses)."""
+    out, n, error = verify_triton_op(draft_tokens, draft_probs, target_logits, uniforms, temperature, False, 0.0, 1.0)
+    if not check:
+        return out, n, error
+    raise_for(error)
+    return out, n

@@ -18,7 +18,7 @@ import torch
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from .exact import _first_rejection, assemble, draw_from_weights, launch
+from .exact import _first_rejection, assemble, draw_from_weights, raise_for, verify_triton_op
 
 
 def sigmoid_probs(logits, temperature: float, alpha: float, beta: float):
@@ -60,5 +60,11 @@ def verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, te
     return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
 
 
-def verify_sigmoid_triton(draft_tokens, draft_logits, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4, check=True):
-    return launch(draft_tokens, draft_logits, target_logits, uniforms, temperature, sigmoid=True, alpha=alpha, beta=beta, check=check)
+def verify_sigmoid_triton(draft_tokens, draft_logits, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4,
+                          check=True):
+    """The Triton kernel (stages 2 and 3 of kernels/exact.py with SIGMOID); returns as verify_exact_triton."""
+    out, n, error = verify_triton_op(draft_tokens, draft_logits, target_logits, uniforms, temperature, True, alpha, beta)
+    if not check:
+        return out, n, error
+    raise_for(error)
+    return out, n

@@ -141,6 +141,7 @@ def verify_kernel(
     beta: Beta = D.beta,
     device: Device = "auto",
     seed: Seed = 0,
+    compile_for: Annotated[Optional[str], typer.Option(help="sm_80 | sm_90: compile every kernel of the mode for that GPU, here, without one; report registers, spills, shared memory.")] = None,
     as_json: Json = False,
 ):
     """Prove a verification kernel right, or measure how far sigmoid moves the output.
@@ -157,10 +158,20 @@ def verify_kernel(
       specdec verify-kernel --mode exact
       specdec verify-kernel --mode exact --vocab 151936 --gamma 10 --batch 2 --json
       specdec verify-kernel --mode sigmoid --alpha -1000 --beta 1000
+      specdec verify-kernel --mode exact --compile-for sm_90
     """
     from specdec_cli import render
     from specdec_cli.bench import kernel_check
     from specdec_cli.models import resolve_device
+
+    if compile_for is not None:
+        with render.status(f"verify-kernel --mode {mode} --compile-for {compile_for}", quiet=as_json) as step:
+            compiled = kernel_check.compile_for(mode, compile_for, progress=step)
+        if as_json:
+            print(json.dumps(compiled.to_dict()))
+        else:
+            render.compile_report(compiled)
+        raise typer.Exit(0 if compiled.passed else 1)
 
     kernel_check.validate(mode, vocab, gamma, batch, samples, alpha, beta, cases)
     device = resolve_device(device)

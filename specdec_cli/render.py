@@ -80,6 +80,27 @@ def kernel_report(report) -> None:
     err.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
 
 
+def compile_report(report) -> None:
+    """One row per compiled kernel: what ptxas and Triton report."""
+    t = Table(title=f"verify-kernel --mode {report.mode} --compile-for {report.arch}", box=box.SIMPLE_HEAD,
+              pad_edge=False, show_edge=False, collapse_padding=True)
+    for name, justify in (("kernel", "left"), ("dtype", "left"), ("GAMMA_P2/SPLITS_P2/BLOCK", "left"), ("regs", "right"),
+                          ("spill B", "right"), ("smem B", "right"), ("s", "right")):
+        t.add_column(name, justify=justify)
+    for k in report.kernels:
+        c = k.get("constexprs") or {}
+        plan = "/".join(str(c.get(key, "–")) for key in ("GAMMA_P2", "SPLITS_P2", "BLOCK"))
+        if not k["ok"]:
+            t.add_row(k["kernel"], k.get("dtype", ""), plan, f"[red]FAILED: {k.get('error')}[/]", "", "", "")
+            continue
+        t.add_row(k["kernel"].strip("_").removesuffix("_kernel"), k["dtype"], plan, _opt(k["registers"], "d"),
+                  _opt(k["spill_bytes"], "d"), _opt(k["shared_bytes"], "d"), f"{k['seconds']:.1f}")
+    err.print(t)
+    ok = sum(k["ok"] for k in report.kernels)
+    err.print(f"{ok} of {len(report.kernels)} kernels compiled for {report.arch}: "
+              + ("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"))
+
+
 @contextlib.contextmanager
 def progress(title: str, total: int, quiet: bool = False):
     """A progress bar over inputs; yields advance(done, total), whose .reading(done, total) shows a second,

@@ -12,13 +12,32 @@ import specdec_cli  # noqa: F401 - first: it chooses Triton's interpreter before
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams, probs_from_logits, process_logits
 
 ROOT = Path(__file__).resolve().parent.parent  # the source tree
+# Where the Triton kernels run: compiled on a GPU, under the interpreter on a CPU (SPECDEC_TEST_DEVICE overrides)
+DEVICE = os.environ.get("SPECDEC_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def on_device(kernel):
+    """`kernel` run on DEVICE: tensor arguments moved there, tensor results brought back to the CPU, so that
+    a test compares them with the reference wherever the kernel runs."""
+    import functools
+
+    def move(x, device):
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    @functools.wraps(kernel)
+    def run(*args, **kwargs):
+        out = kernel(*(move(a, DEVICE) for a in args), **{k: move(v, DEVICE) for k, v in kwargs.items()})
+        return tuple(move(o, "cpu") for o in out) if isinstance(out, tuple) else move(out, "cpu")
+
+    return run
+
 GREEDY = SamplingParams(temperature=0.0)
 ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 
@@ -128,7 +147,7 @@ def first_two_pvalue(tokens, joint):
     exp = torch.cat([expected[big], expected[~big].sum()[None]])
     if exp[-1] == 0:  # nothing to pool (top-k masks the small cells away)
         obs, exp = obs[:-1], exp[:-1]
-    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+    return chi_square_p(obs, exp)
 
 
 N_SAMPLES, CHUNK = 12_000, 3_000  # rows per generate call (one batch, independent randomness per row)

@@ -95,3 +95,15 @@ def test_corpus_rouge_is_mean():
     assert s["rouge1"] == pytest.approx((1 / 3 + 1.0) / 2)
     with pytest.raises(ValueError):
         corpus_rouge(["a"], [])
+
+
+def test_chi_square_p_is_scipys():
+    """The kernels' distribution tests use metrics.chi_square_p (no scipy on a GPU machine): scipy agrees."""
+    from scipy.stats import chisquare
+
+    from specdec_cli.bench.metrics import chi_square_p
+
+    for obs, exp in [([10, 20, 30], [20, 20, 20]), ([5, 7, 9, 11, 13], [9, 9, 9, 9, 9]), ([1000, 990], [995, 995]),
+                     ([3, 0, 50], [10.0, 10.0, 33.0])]:
+        want = chisquare(obs, [e * sum(obs) / sum(exp) for e in exp]).pvalue
+        assert chi_square_p(obs, exp) == pytest.approx(want, rel=1e-9, abs=1e-300)

@@ -1,19 +1,24 @@
 """Verification: every implementation against the reference on the same randomness, the exact ones
-against the target distribution, structure and edge cases. Triton kernels run under the interpreter."""
+against the target distribution, structure and edge cases. The Triton kernels run where conftest.DEVICE says:
+compiled on a GPU, under the interpreter on a CPU; the tests assert decisions, not which backend ran."""
 
 import subprocess
 import sys
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
-from specdec_cli.errors import NonFiniteLogitsError
-from specdec_cli.kernels.exact import verify_exact_torch, verify_exact_triton
-from specdec_cli.kernels.reference import verify_reference
-from specdec_cli.kernels.sigmoid import verify_sigmoid_torch, verify_sigmoid_triton
+from conftest import DEVICE, on_device
+from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.decoding.verify import verify, verify_greedy
+from specdec_cli.errors import NonFiniteLogitsError
+from specdec_cli.kernels import exact, sigmoid, triton_backend_name
+from specdec_cli.kernels.exact import verify_exact_torch
+from specdec_cli.kernels.reference import verify_reference
+from specdec_cli.kernels.sigmoid import verify_sigmoid_torch
 
+verify_exact_triton = on_device(exact.verify_exact_triton)
+verify_sigmoid_triton = on_device(sigmoid.verify_sigmoid_triton)
 EXACT = {"torch": verify_exact_torch, "triton": verify_exact_triton}
 
 
@@ -139,18 +144,26 @@ def test_exact_reproduces_target_distribution(pair):
     assert freq[p == 0].sum() == 0, f"{pair}: a token the target gives probability 0 was emitted"
     support = p > 0
     if support.sum() > 1:
-        stat = chisquare(freq[support] * n, p[support] * n)
-        assert stat.pvalue > 1e-4, f"{pair}: chi-square p = {stat.pvalue:.2e}"
+        pvalue = chi_square_p(freq[support] * n, p[support] * n)
+        assert pvalue > 1e-4, f"{pair}: chi-square p = {pvalue:.2e}"
 
 
 @pytest.mark.slow
-def test_exact_triton_reproduces_target_distribution():
-    # the interpreter is slow (~25 ms a sequence), so 1 500 draws; TV < 0.06 (expected ≈ 0.02).
-    # Together with the decision-for-decision equality above, the torch path's 200 000 draws carry over.
-    p, q = PAIRS["random"]
-    freq = first_token_frequencies(verify_exact_triton, p, q, 1500, seed=5)
-    tv = 0.5 * (freq - torch.tensor(p, dtype=torch.float64)).abs().sum().item()
-    assert tv < 0.06, f"TV {tv:.4f}"
+@pytest.mark.parametrize("pair", ["random"] if DEVICE == "cpu" else list(PAIRS))
+def test_exact_triton_reproduces_target_distribution(pair):
+    # compiled on a GPU: 200 000 draws by the kernel itself, the thresholds of the torch path's test.
+    # Under the interpreter (~25 ms a sequence) 1 500 draws, TV < 0.06 (expected ≈ 0.02); with the
+    # decision-for-decision equality above, the torch path's 200 000 draws carry over.
+    p, q = PAIRS[pair]
+    n = 1500 if DEVICE == "cpu" else 200_000
+    freq = first_token_frequencies(verify_exact_triton, p, q, n, seed=5)
+    p = torch.tensor(p, dtype=torch.float64)
+    tv = 0.5 * (freq - p).abs().sum().item()
+    assert tv < (0.06 if DEVICE == "cpu" else 0.005), f"{pair}: TV {tv:.4f}"
+    assert freq[p == 0].sum() == 0, f"{pair}: a token the target gives probability 0 was emitted"
+    support = p > 0
+    if DEVICE != "cpu" and support.sum() > 1:
+        assert chi_square_p(freq[support] * n, p[support] * n) > 1e-4
 
 
 def test_baseline_reproduces_target_distribution():
@@ -283,9 +296,11 @@ def test_greedy_accepts_the_agreeing_prefix():
 
 def test_verify_reports_its_backend():
     tokens, probs, target, u, logits = make_case(1, 2, 50, seed=0)
-    assert verify("exact", tokens, probs, target, u).backend == "torch"
-    assert verify("exact", tokens, probs, target, u, backend="triton").backend == "triton-interpreter"
-    assert verify("sigmoid", tokens, probs, target, u, draft_logits=logits, backend="triton").backend == "triton-interpreter"
+    assert verify("exact", tokens, probs, target, u, backend="torch").backend == "torch"
+    args = [t.to(DEVICE) for t in (tokens, probs, target, u)]
+    kernel = triton_backend_name()  # "triton" where it compiles for a GPU, "triton-interpreter" on a CPU
+    assert verify("exact", *args, backend="triton").backend == kernel
+    assert verify("sigmoid", *args, draft_logits=logits.to(DEVICE), backend="triton").backend == kernel
 
 
 def test_kernels_is_not_a_top_level_package(tmp_path):
@@ -297,3 +312,56 @@ def test_kernels_is_not_a_top_level_package(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
+
+
+# --- a step a CUDA graph can hold: strides, error flags, the custom op ------------------------------
+
+
+def test_inputs_are_read_through_their_strides():
+    """A vocabulary slice (decoding's _fit_vocab) and a draft read out of a wider tensor are not copied."""
+    tokens, probs, target, u, _ = make_case(3, 4, 1000, seed=3)
+    wide = torch.full((3, 5, 1013), -30.0)
+    wide[..., :1000] = target
+    wider_probs = torch.zeros(3, 6, 1000)
+    wider_probs[:, 1:5] = probs
+    got = verify_exact_triton(tokens, wider_probs[:, 1:5], wide[..., :1000], u)
+    assert_same(verify_reference(tokens, probs, target, u), got, "strided inputs")
+
+
+@pytest.mark.parametrize("poison, bit", [("nan", 1), ("all-masked", 2)])
+def test_errors_wait_in_a_flag_until_the_caller_reads_them(poison, bit):
+    tokens, probs, target, u, _ = make_case(2, 3, 64, seed=1)
+    target[1, 2] = float("nan") if poison == "nan" else float("-inf")
+    out, n, error = on_device(exact.verify_exact_triton)(tokens, probs, target, u, check=False)  # no raise
+    assert error[0] == 0 and error[1] & bit  # (a row of NaN also reads as all masked: both bits)
+    with pytest.raises(NonFiniteLogitsError):
+        exact.raise_for(error)
+    verified = verify("exact", *(t.to(DEVICE) for t in (tokens, probs, target, u)), backend="triton", check=False)
+    with pytest.raises(NonFiniteLogitsError):
+        verified.accepted()  # the counts and the flags, read in one copy
+
+
+def test_the_kernel_is_a_torch_custom_op_with_a_fake():
+    tokens, probs, target, u, _ = make_case(2, 3, 300, seed=2)
+    args = [t.to(DEVICE) for t in (tokens, probs, target, u)]
+    torch.library.opcheck(torch.ops.specdec.verify_triton.default, (*args, 1.0, False, 0.0, 1.0),
+                          test_utils=("test_schema", "test_faketensor"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in args]
+        out, n, error = torch.ops.specdec.verify_triton(*fake, 1.0, False, 0.0, 1.0)
+    assert (out.shape, n.shape, error.shape, error.dtype) == ((2, 4), (2,), (2,), torch.int32)
+
+
+def test_torch_compile_holds_the_step_in_one_graph():
+    """fullgraph: the custom op traces without a graph break (the fake gives its shapes, no host sync)."""
+    tokens, probs, target, u, _ = make_case(2, 3, 300, seed=4)
+    args = [t.to(DEVICE) for t in (tokens, probs, target, u)]
+
+    def step(tokens, probs, target, u):
+        return torch.ops.specdec.verify_triton(tokens, probs, target * 1.0, u, 1.0, False, 0.0, 1.0)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(*args), step(*args)):
+        assert torch.equal(got, want)

@@ -16,7 +16,9 @@ import torch
 
 from specdec_cli import options
 from specdec_cli.bench.cases import case_bytes, make_case
+from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.bench.machine import check_memory
+from specdec_cli.kernels import compile as compile_plans
 from specdec_cli.kernels import exact, reference, sigmoid, triton_backend_name
 
 MODES = ("exact", "sigmoid")
@@ -110,8 +112,6 @@ def _tv(counts, p):
 
 def run(mode, *, vocab=32000, gamma=5, batch=4, samples=100_000, alpha=-1e4, beta=1e4, device="cpu", seed=0, cases=8, progress=None):
     """Run every check of `mode` ("exact" | "sigmoid") and return the report."""
-    from scipy.stats import chisquare
-
     validate(mode, vocab, gamma, batch, samples, alpha, beta, cases)
     kernel_backend = triton_backend_name()
     report = KernelReport(mode, kernel_backend, str(device), vocab, gamma, batch, samples)
@@ -153,7 +153,7 @@ def run(mode, *, vocab=32000, gamma=5, batch=4, samples=100_000, alpha=-1e4, bet
         fn = exact.verify_exact_triton if on_gpu else exact.verify_exact_torch
         counts, _ = _distribution_draws(fn, p, q, samples, gamma, seed, device)
         tv = _tv(counts, p)
-        pvalue = float(chisquare(counts.numpy(), (p.double() * samples).numpy()).pvalue)
+        pvalue = chi_square_p(counts, p.double() * samples)
         drawn_by = "Triton kernel" if on_gpu else "torch path"
         report.checks.append(Check("output ~ target distribution", pvalue > P_VALUE_MIN, f"{samples} draws by the {drawn_by}, V={DIST_VOCAB}: TV {tv:.4f}, chi-square p = {pvalue:.3g} (pass: p > {P_VALUE_MIN})"))
         report.figures.update(tv_to_target=tv, chi_square_p=pvalue, distribution_drawn_by=drawn_by)
@@ -170,3 +170,48 @@ def run(mode, *, vocab=32000, gamma=5, batch=4, samples=100_000, alpha=-1e4, bet
             acceptance_rate_exact=accepted["exact"] / cases / gamma,
         )
     return report
+
+
+# ----------------------------------------------------------------------------------------------------
+# --compile-for: every kernel of a mode compiled for a GPU architecture, on this machine, without a GPU
+
+
+@dataclass
+class CompileReport:
+    mode: str
+    arch: str
+    kernels: list[dict]  # one per (kernel, dtype, constexprs): ok, registers, spill_bytes, shared_bytes, seconds
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.kernels) and all(k["ok"] for k in self.kernels)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def compile_for(mode: str, arch: str, progress=None) -> CompileReport:
+    """Compile every plan of `mode` for `arch` (kernels/compile.py) in a child process that decorates the
+    kernels for compilation (TRITON_INTERPRET=0), reading its one JSON line per kernel. Triton's cache is
+    bypassed (TRITON_ALWAYS_COMPILE): ptxas reports registers and spills only when it runs."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    options.one_of("--mode", mode, MODES)
+    options.one_of("--compile-for", arch, tuple(compile_plans.ARCHS))
+    step = progress or (lambda _msg: None)
+    total = len(compile_plans.plans(arch, mode))
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DUMP_PTXAS_LOG": "1", "TRITON_ALWAYS_COMPILE": "1",
+           "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1")}
+    child = subprocess.Popen([sys.executable, "-m", "specdec_cli.kernels.compile", arch, mode], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kernels = []
+    for line in child.stdout:
+        kernels.append(json.loads(line))
+        step(f"compiled {len(kernels)}/{total} for {arch}")
+    err = child.stderr.read()
+    if child.wait() != 0:
+        kernels.append({"kernel": "(the compiler process)", "ok": False, "error": err.strip().splitlines()[-1:] or "?"})
+    return CompileReport(mode, arch, kernels)

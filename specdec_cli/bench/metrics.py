@@ -107,3 +107,20 @@ def wer(hypotheses: str | Sequence[str], references: str | Sequence[str]) -> flo
     out = jiwer.process_words([r for _, r in pairs], [h for h, _ in pairs])
     errors = out.substitutions + out.deletions + out.insertions
     return errors / n_ref_words
+
+
+# --------------------------------------------------------------------------------------------- chi-square
+
+
+def chi_square_p(observed, expected) -> float:
+    """Pearson's chi-square test of observed counts against expected ones (rescaled to the same total): the
+    p-value, from the chi-square survival function Q(k/2, x/2) with k = cells − 1 (torch's regularized upper
+    incomplete gamma; no scipy, which a GPU machine may lack)."""
+    import torch
+
+    obs = torch.as_tensor(observed, dtype=torch.float64)
+    exp = torch.as_tensor(expected, dtype=torch.float64)
+    exp = exp * (obs.sum() / exp.sum())
+    stat = ((obs - exp) ** 2 / exp).sum()
+    dof = torch.tensor(float(len(obs) - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, stat / 2))

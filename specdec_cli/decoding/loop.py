@@ -206,6 +206,7 @@ def verify(mode, draft_tokens, draft_probs, draft_logits, target_logits, generat
         alpha=alpha,
         beta=beta,
         backend=backend,
+        check=False,  # the flags are read with the accepted counts (Verified.accepted)
     )
 
 
@@ -352,7 +353,7 @@ def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, stat
     verified = verify(
         mode, draft_tokens, draft_probs, draft_logits, target_logits, generator, params, alpha, beta, backend
     )
-    accepted = verified.num_accepted.tolist()  # the one host sync of the round
+    accepted = verified.accepted()  # the one host sync of the round
     t3 = _clock(device)
     B = draft_tokens.shape[0]
     stats.draft_s += t1 - t0

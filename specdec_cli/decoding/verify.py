@@ -33,6 +33,18 @@ class Verified:
     out_tokens: torch.Tensor  # int64 [B, γ+1], −1 after the emitted tokens
     num_accepted: torch.Tensor  # int64 [B]
     backend: str  # "torch" | "triton" | "triton-interpreter"
+    error: torch.Tensor | None = None  # int32 [B] error flags not read yet (Triton, check=False): see accepted()
+
+    def accepted(self) -> list[int]:
+        """num_accepted on the host, and the error flags with them in the same copy: the step's one host
+        synchronisation. NonFiniteLogitsError when a flag is set."""
+        if self.error is None:
+            return self.num_accepted.tolist()
+        B = self.num_accepted.shape[0]
+        both = torch.cat([self.num_accepted, self.error.to(self.num_accepted.dtype)]).tolist()
+        if any(both[B:]):
+            exact.raise_for(torch.tensor(both[B:]))
+        return both[:B]
 
 
 def _use_triton(backend: str, device: torch.device) -> bool:
@@ -54,11 +66,14 @@ def verify(
     alpha: float = -1e4,
     beta: float = 1e4,
     backend: str = "auto",
+    check: bool = True,
 ) -> Verified:
     """Verify one step of γ draft tokens for B sequences (shapes: the module docstring).
 
     backend: "auto" (Triton on CUDA, torch on CPU), "torch", or "triton" (compiled on CUDA, the Triton
     interpreter on CPU: slow, for checking the kernel code itself). reference and baseline are torch only.
+    check: raise NonFiniteLogitsError now (the Triton path then reads its flags back: a host synchronisation);
+    with check=False the Triton path leaves them in Verified.error for Verified.accepted() to read.
 
     >>> B, g, V = 1, 2, 4
     >>> toks = torch.tensor([[1, 2]]); q = torch.full((B, g, V), 0.25); z = torch.zeros(B, g + 1, V)
@@ -73,13 +88,23 @@ def verify(
         return Verified(*out, "torch")
     triton = _use_triton(backend, target_logits.device)
     name = kernels.triton_backend_name() if triton else "torch"
-    if mode == "exact":
-        fn = exact.verify_exact_triton if triton else exact.verify_exact_torch
-        return Verified(*fn(draft_tokens, draft_probs, target_logits, uniforms, temperature), name)
-    if draft_logits is None:
+    if mode == "exact" and not triton:
+        return Verified(*exact.verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, temperature), name)
+    if mode == "sigmoid" and draft_logits is None:
         raise ValueError("sigmoid verification needs draft_logits")
-    fn = sigmoid.verify_sigmoid_triton if triton else sigmoid.verify_sigmoid_torch
-    return Verified(*fn(draft_tokens, draft_logits, target_logits, uniforms, temperature, alpha, beta), name)
+    if mode == "sigmoid" and not triton:
+        out = sigmoid.verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, temperature, alpha, beta)
+        return Verified(*out, name)
+    if mode == "exact":
+        out = exact.verify_exact_triton(draft_tokens, draft_probs, target_logits, uniforms, temperature, check=False)
+    else:
+        out = sigmoid.verify_sigmoid_triton(draft_tokens, draft_logits, target_logits, uniforms, temperature, alpha, beta,
+                                            check=False)
+    verified = Verified(out[0], out[1], name, error=out[2])
+    if check:
+        exact.raise_for(verified.error)
+        verified.error = None
+    return verified
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verified:
