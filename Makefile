@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench env models-test models-demo data clean
+.PHONY: demo test bench env models-test models-demo data gpu gpu-deps clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,5 +45,20 @@ test: models-test data
 bench: models-demo
 	$(BIN)/specdec bench --task synthetic
 
+# On the GPU machine: every GPU check in one run, into $(GPU_OUT) (see specdec_cli/bench/gpu.py and the README).
+# torch, triton and transformers are there; nothing is installed and there is no network. specdec_cli is put
+# together from links (kernels/ and examples/ inside it, as an install has them) and run with `python -P`, so
+# the root with its kernels/ folder is not on sys.path. pytest comes in .gpu-deps (`make gpu-deps` here).
+GPU_OUT ?= out/gpu
+GPU_PY  ?= python3
+gpu:
+	rm -rf build/gpu && mkdir -p build/gpu/specdec_cli
+	ln -s $(CURDIR)/specdec_cli/* build/gpu/specdec_cli/
+	ln -s $(CURDIR)/kernels $(CURDIR)/examples build/gpu/specdec_cli/
+	PYTHONPATH=$(CURDIR)/build/gpu:$(CURDIR)/.gpu-deps $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT)
+
+gpu-deps: $(STAMP)
+	$(PIP) install --target .gpu-deps --no-deps pytest pluggy iniconfig packaging
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build .gpu-deps *.egg-info

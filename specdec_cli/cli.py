@@ -194,7 +194,7 @@ def bench(
     vocab: Annotated[str, typer.Option(help="Vocabulary sizes V, comma-separated (synthetic).")] = "32000,151936",
     gamma: Annotated[str, typer.Option(help=f"Draft lengths γ, comma-separated (1..{opt.MAX_GAMMA}).")] = "1,5,10",
     batch: Annotated[str, typer.Option(help="Batch sizes B, comma-separated (a decoding task runs at the smallest).")] = "1,8",
-    modes: Annotated[str, typer.Option(help="Comma-separated: baseline, exact, sigmoid, and hf (transformers' own, synthetic, B = 1 only). A task always runs autoregressive too.")] = "baseline,exact,sigmoid,hf",
+    modes: Annotated[str, typer.Option(help="Comma-separated: baseline, exact, sigmoid, and (synthetic only) hf, transformers' own (B = 1), and flashinfer (a CUDA GPU with FlashInfer). A task always runs autoregressive too.")] = "baseline,exact,sigmoid,hf",
     device: Device = "auto",
     dtype: Annotated[Optional[str], typer.Option(help="synthetic: the logits' dtype, float32 (default) | bfloat16 | float16; a task: the models' dtype, auto (default) or one of those.")] = None,
     overlap: Annotated[float, typer.Option(help="Synthetic draft/target overlap Σ min(p, q), i.e. the expected α.")] = 0.8,

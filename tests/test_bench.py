@@ -56,7 +56,7 @@ def test_synthetic_json_has_every_table_field(tiny_run):
     assert out["task"] == "synthetic"
     results = out["results"]
     # grid: 2 γ × (baseline, exact, sigmoid, hf at B = 1)
-    assert {(x["gamma"], x["mode"]) for x in results} == {(g, m) for g in (1, 3) for m in config.SYNTHETIC_MODES}
+    assert {(x["gamma"], x["mode"]) for x in results} == {(g, m) for g in (1, 3) for m in config.DEFAULT_SYNTHETIC_MODES}
     for x in results:
         for key, _header in synthetic.SYNTHETIC_COLUMNS:
             assert key in x, key
@@ -105,7 +105,7 @@ def test_synthetic_files_exist_and_parse(tiny_run):
 
     rows = list(csv.DictReader((d / "r.csv").open()))
     assert len(rows) == len(saved["results"]) == 8  # one row per (grid point, mode)
-    assert {row["mode"] for row in rows} == set(config.SYNTHETIC_MODES)
+    assert {row["mode"] for row in rows} == set(config.DEFAULT_SYNTHETIC_MODES)
     assert float(rows[0]["median_ms"]) == pytest.approx(saved["results"][0]["median_ms"])
 
     pngs = sorted(p.name for p in (d / "plots").glob("*.png"))

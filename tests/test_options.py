@@ -92,3 +92,8 @@ def test_help_lists_the_examples_one_per_line():
         examples = [line.strip() for line in r.output.splitlines() if line.strip().startswith("specdec ")]
         assert len(examples) >= 3, r.output
         assert all(len(line) <= 80 for line in r.output.splitlines()), "an example wraps on an 80-column terminal"
+
+
+def test_the_bench_default_modes_are_the_cli_default():
+    params = inspect.signature(command("bench")).parameters
+    assert params["modes"].default == ",".join(config.DEFAULT_SYNTHETIC_MODES)

@@ -23,7 +23,9 @@ from specdec_cli.bench.machine import check_memory, load_average
 from specdec_cli.errors import SpecdecError
 
 TASKS = ("synthetic", *runners.RUNNERS)
-SYNTHETIC_MODES = ("baseline", "exact", "sigmoid", "hf")  # hf: transformers' _speculative_sampling
+# hf: transformers' _speculative_sampling; flashinfer: FlashInfer's chain_speculative_sampling (GPU, when installed)
+SYNTHETIC_MODES = ("baseline", "exact", "sigmoid", "hf", "flashinfer")
+DEFAULT_SYNTHETIC_MODES = SYNTHETIC_MODES[:4]  # what --modes runs unless told: FlashInfer only on request
 TASK_MODES = options.SPECULATIVE_MODES  # autoregressive always runs too: it is the reference
 SYNTHETIC_DTYPES = ("float32", "bfloat16", "float16")  # the logits' dtype
 
@@ -100,6 +102,11 @@ class SyntheticConfig:
             options.one_of("--modes", m, SYNTHETIC_MODES)
         if self.modes == ["hf"] and 1 not in self.batches:
             raise SpecdecError("--modes hf runs at batch 1 only: add 1 to --batch")
+        if "flashinfer" in self.modes:
+            import importlib.util
+
+            if self.device != "cuda" or importlib.util.find_spec("flashinfer") is None:
+                raise SpecdecError("--modes flashinfer needs a CUDA device and FlashInfer (pip install flashinfer-python)")
         options.one_of("--dtype", options.dtype_name(self.dtype), SYNTHETIC_DTYPES)
         _check_run(self.repeat, self.threads, self.backend, self.alpha, self.beta)
         if not 0.0 < self.overlap <= 1.0:

@@ -48,6 +48,8 @@ def bytes_per_step(mode: str, batch: int, gamma: int, vocab: int, itemsize: int)
                 p[n]; cat([q, 0]) then [n]                B·V·8; D·4 + R·4; B·V·8
                 p' = clamp(p_n − q_n), Σ, /, where        B·V·(12 + 8 + 4 + 8 + 12)
                 multinomial                               B·V·4
+    flashinfer: `chain_speculative_sampling` on probabilities: the target's softmax (R·(s+4)), then its kernel
+              reading R·4 + D·4 (an upper bound: it may stop reading a row early).
     hf:       transformers' `_speculative_sampling` (B = 1), same counting, softmax in the logits' dtype:
                 softmax of draft and target logits        D·2s + R·2s
                 p[:, n], q[:, n] (advanced indexing)      B·V·4s
@@ -68,6 +70,8 @@ def bytes_per_step(mode: str, batch: int, gamma: int, vocab: int, itemsize: int)
         return cast + softmaxes + nan_check + rows + residual
     if mode == "hf":
         return D * 2 * s + R * 2 * s + row * 4 * s + row * 9 * s
+    if mode == "flashinfer":  # the target's softmax (read s, write 4), then its kernel reads both models' probs
+        return R * (s + 4) + R * 4 + D * 4
     raise ValueError(f"no byte model for {mode!r}")
 
 
@@ -163,10 +167,25 @@ def _providers(modes, case, pool, config, sink: dict[str, list]) -> dict[str, Ca
 
         return step
 
+    def step_flashinfer():
+        from flashinfer.sampling import chain_speculative_sampling
+
+        calls = sink["flashinfer"]
+
+        def step():  # FlashInfer takes probabilities: the target's softmax is part of its step
+            out = chain_speculative_sampling(probs, tokens, torch.softmax(target.float(), dim=-1))
+            out = out[0] if isinstance(out, tuple) else out  # [B, γ+1], −1 padded
+            calls.append((out != -1).sum(dim=1) - 1)
+            return out
+
+        return step
+
     for mode in modes:
         if mode == "hf":
             if B == 1:
                 fns["hf"] = step_hf()
+        elif mode == "flashinfer":
+            fns["flashinfer"] = step_flashinfer()
         else:
             fns[mode] = step_verify(mode)
     return fns
@@ -214,7 +233,7 @@ def run_point(vocab: int, batch: int, gamma: int, config) -> list[SyntheticRecor
         nbytes = bytes_per_step(mode, batch, gamma, vocab, itemsize)
         records.append(SyntheticRecord(
             vocab=vocab, batch=batch, gamma=gamma, mode=mode,
-            backend={"hf": "transformers", "baseline": "torch"}.get(mode, kernel),
+            backend={"hf": "transformers", "baseline": "torch", "flashinfer": "flashinfer"}.get(mode, kernel),
             dtype=config.dtype, device=device,
             median_ms=t.median_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms, mean_ms=t.mean_ms, std_ms=t.std_ms,
             min_ms=t.min_ms, n=t.n,
