@@ -365,3 +365,29 @@ def test_torch_compile_holds_the_step_in_one_graph():
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     for got, want in zip(compiled(*args), step(*args)):
         assert torch.equal(got, want)
+
+
+def test_what_a_compile_depends_on_is_bounded():
+    """γ changes every round with adaptive schedules, B as sequences finish: neither may recompile the kernels
+    round after round. γ is not specialised (do_not_specialize) and SPLITS is a runtime argument; the
+    compile-time constants take few values over every γ ≤ 32 and B ≤ 64 (powers of two)."""
+    import ast
+    import inspect
+
+    import triton
+
+    from specdec_cli import options
+    from specdec_cli.kernels.compile import ARCHS
+
+    tree = ast.parse(inspect.getsource(exact))
+    kernels = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.endswith("_kernel")}
+    assert set(kernels) == {"_row_stats_kernel", "_accept_weights_kernel", "_draw_kernel"}
+    for name, f in kernels.items():
+        (deco,) = f.decorator_list
+        assert ast.unparse(deco) == "triton.jit(do_not_specialize=['gamma'])", name
+        constexprs = {a.arg for a in f.args.args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)}
+        assert constexprs == ({"BLOCK"} if name == "_row_stats_kernel" else {"GAMMA_P2", "SPLITS_P2", "BLOCK", "SIGMOID"})
+    for _, sms in ARCHS.values():
+        keys = {(triton.next_power_of_2(g + 1), triton.next_power_of_2(exact._plan(V, b * (g + 1), None, False, sms)[1]))
+                for g in range(1, options.MAX_GAMMA + 1) for b in range(1, 65) for V in (32000, 151936)}
+        assert len(keys) <= 6 * 7

@@ -117,6 +117,7 @@ def _exact_case(run: Run, batch: int, vocab: int, gamma: int = 5):
 def graph(run: Run) -> dict:
     """The exact step in a CUDA graph: captured once, replayed on new uniforms, the same tokens as eager."""
     from specdec_cli.bench.timing import measure_side_by_side
+    from specdec_cli.kernels import exact  # noqa: F401 - registers torch.ops.specdec.verify_triton
 
     if run.device != "cuda":
         return {"skipped": "no CUDA device"}
