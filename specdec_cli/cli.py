@@ -118,8 +118,10 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON object per in
 Alpha = Annotated[float, typer.Option(help="Sigmoid approximation: lower logit constant α (paper eq. 5).")]
 Beta = Annotated[float, typer.Option(help="Sigmoid approximation: upper logit constant β (paper eq. 5).")]
 Mode = Annotated[str, typer.Option(help=" | ".join(opt.MODES))]
-Gamma = Annotated[int, typer.Option(help=f"Draft tokens per step (γ, 1..{opt.MAX_GAMMA}).")]
-GammaSchedule = Annotated[str, typer.Option(help="constant | heuristic (start at γ, +2 when all accepted, −1 otherwise).")]
+Gamma = Annotated[int, typer.Option(help=f"Draft tokens per step (γ, 1..{opt.MAX_GAMMA}); under auto the most tried.")]
+GammaSchedule = Annotated[str, typer.Option(help="auto (γ in 0..--gamma from this machine's measured costs; 0 = a plain "
+                                                 "step; sampled tokens then vary run to run, their distribution does not) "
+                                                 "| constant | heuristic (+2 when all accepted, −1 otherwise).")]
 Temperature = Annotated[float, typer.Option(help="0 = greedy: output identical to the target alone.")]
 TopK = Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = off).")]
 TopP = Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1] (1 = off).")]

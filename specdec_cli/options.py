@@ -25,7 +25,7 @@ MODES = ("autoregressive", "baseline", "exact", "sigmoid")  # --mode
 SPECULATIVE_MODES = MODES[1:]  # the modes that need a draft
 VERIFY_MODES = ("reference", "baseline", "exact", "sigmoid")  # decoding.verify's implementations
 BACKENDS = ("auto", "torch", "triton")  # exact/sigmoid kernels: auto = Triton on CUDA, torch on a CPU
-GAMMA_SCHEDULES = ("constant", "heuristic")
+GAMMA_SCHEDULES = ("auto", "constant", "heuristic")  # decoding/schedule.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bf16 on CUDA and on CPUs that have it in hardware
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 WHISPER_TASKS = ("transcribe", "translate")
@@ -95,8 +95,8 @@ class DecodeOptions:
     target: str = "embedded"  # a model spec: embedded[:NAME], a directory, a .gguf file, a hub id
     draft: str = "embedded"  # as target, or self / self:K / self:0-2,4 (drafts.spec)
     mode: str = "exact"
-    gamma: int = 5  # draft tokens per round; the heuristic schedule starts here
-    gamma_schedule: str = "constant"  # heuristic: +2 when every draft token was accepted, −1 otherwise
+    gamma: int = 5  # draft tokens per round: the constant γ, heuristic's start, auto's upper bound
+    gamma_schedule: str = "constant"  # auto: γ in [0, --gamma] from measured costs; heuristic: +2 / −1
     temperature: float = 0.0  # 0 = greedy: token for token the target alone's output
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
@@ -148,6 +148,7 @@ class DecodeOptions:
 @dataclass(frozen=True)
 class SummarizeOptions(DecodeOptions):
     gamma: int = 4
+    gamma_schedule: str = "auto"
     draft_vocab: int = 32768
     draft_stop: float = 0.4
     draft_quantized: bool = True  # int8 (drafts/int8.py)
@@ -186,6 +187,7 @@ class SummarizeOptions(DecodeOptions):
 class TranscribeOptions(DecodeOptions):
     draft: str = "self"
     gamma: int = 10
+    gamma_schedule: str = "auto"
     max_new_tokens: int = 224  # per 30 s window
     draft_vocab: int = 16384
     draft_stop: float = 0.8

@@ -174,6 +174,20 @@ def stats_table(results, *, device: str, title: str) -> None:
     err.print(t)
     s = results[0].stats
     err.print(f"mode {s.mode}, backend {s.backend or 'torch'}, device {device}, γ {s.gamma} ({s.gamma_schedule})", highlight=False)
+    if s.mode != "autoregressive":
+        rounds = [0] * max(len(t.rounds_per_gamma) for t in {id(r.stats): r.stats for r in results}.values())
+        for t in {id(r.stats): r.stats for r in results}.values():
+            for g, n in enumerate(t.rounds_per_gamma):
+                rounds[g] += n
+        err.print("rounds at each γ: " + ", ".join(f"γ{g} {n}" for g, n in enumerate(rounds) if n)
+                  + (" (γ0: plain steps)" if rounds and rounds[0] else ""), highlight=False)
+    est = s.schedule
+    if est and est.get("c"):  # the auto schedule's cost model, as last measured
+        ratios = est["pass_ratio"]
+        longest = max(ratios)
+        err.print(f"measured: draft step {est['draft_step_ms']:.1f} ms = {est['c']:.2f}× a target step of "
+                  f"{est['target_step_ms']:.1f} ms, a pass over {longest} tokens {ratios[longest]:.2f}× one, "
+                  f"α {est['alpha']:.2f}", highlight=False)
 
 
 def _opt(v, fmt):

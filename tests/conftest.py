@@ -84,6 +84,12 @@ def left_pad(rows, pad=0):
     return ids, mask
 
 
+@pytest.fixture(scope="session")
+def small_pair():
+    """For the distribution tests: vocab 8 and a one-layer draft that disagrees often (acceptance ~ 0.6 at T = 1)."""
+    return make_pair("llama", seed=5, vocab=8, hidden=16, layers=3, keep=1, damp=0.6)
+
+
 def autoregressive(target, ids, mask=None, n=24, params=GREEDY, **kw):
     return generate(target, None, ids, mask, mode="autoregressive", params=params, max_new_tokens=n, **kw)
 

@@ -1,7 +1,8 @@
 """The decoding loop: autoregressive and speculative, for Hugging Face decoders with KV caches.
 
-    prefill both models -> repeat { draft γ tokens -> score γ+1 positions with the target in one pass
-    -> verify -> crop both caches to the accepted length -> adapt γ } until EOS or max_new_tokens.
+    prefill both models -> repeat { γ from the schedule (schedule.py) -> draft γ tokens -> score γ+1
+    positions with the target in one pass -> verify -> crop both caches to the accepted length } until EOS
+    or max_new_tokens. A round of γ = 0 is one plain step of the target alone.
 
 Layout. All rows of a batch share one grid of cache *slots*. Slot s of row b holds a token, a validity
 bit and a position id. Prompts are left-padded (pad slots invalid). Each round every row uses the same
@@ -28,7 +29,9 @@ import torch
 from specdec_cli import options
 from specdec_cli.decoding import verify as verification
 from specdec_cli.decoding.adapters import Decoder, as_decoder
+from specdec_cli.decoding import schedule as schedules
 from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
+from specdec_cli.decoding.schedule import Round
 from specdec_cli.decoding.stats import GenerationResult, GenerationStats
 from specdec_cli.errors import SpecdecError
 
@@ -254,7 +257,7 @@ def generate(
     *,
     mode: str = options.DecodeOptions.mode,
     gamma: int = options.DecodeOptions.gamma,
-    gamma_schedule: str = options.DecodeOptions.gamma_schedule,
+    gamma_schedule=options.DecodeOptions.gamma_schedule,
     params: SamplingParams | None = None,
     max_new_tokens: int = options.DecodeOptions.max_new_tokens,
     eos_token_ids: Iterable[int] | int | None = (),
@@ -268,16 +271,18 @@ def generate(
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
     target, draft_model: transformers causal LMs or `Decoder`s (draft_model unused, may be None, for
-    mode="autoregressive"). params: temperature, top-k, top-p, seed (default: greedy). vocab_size: the V
+    mode="autoregressive"). gamma_schedule: a name (options.GAMMA_SCHEDULES; γ is its start, or for auto its
+    upper bound) or a schedule object (schedule.make), which keeps what it measured from one call to the
+    next. params: temperature, top-k, top-p, seed (default: greedy). vocab_size: the V
     both models' logits are cut to (models.check_compatible's answer when lm_heads carry padding rows);
     default: the target's lm_head rows. draft_stop_below: end a round's drafting early when the draft is
     unsure (see `draft`); 0 = always draft γ. on_prefill(done, total): progress through a long prompt.
     Returns the new tokens of each row and the run's stats."""
     options.one_of("--mode", mode, MODES)
-    options.one_of("--gamma-schedule", gamma_schedule, options.GAMMA_SCHEDULES)
     speculative = mode != "autoregressive"
     if speculative:
         options.check_gamma(gamma)
+    schedule = schedules.make(gamma_schedule, gamma)
     if speculative and draft_model is None:
         raise SpecdecError(f"mode {mode!r} needs a draft model")
     options.at_least("--max-new-tokens", max_new_tokens, 0)
@@ -290,7 +295,7 @@ def generate(
     with torch.inference_mode():
         slots = _Slots(input_ids, attention_mask, device)
         B = slots.tokens.shape[0]
-        stats = GenerationStats(mode, gamma if speculative else 0, gamma_schedule, B)
+        stats = GenerationStats(mode, gamma if speculative else 0, schedule.name, B)
         rows = _Rows(B, max_new_tokens, eos)
         if max_new_tokens == 0:
             return GenerationResult(rows.tokens, rows.reasons, stats.finish())
@@ -301,47 +306,41 @@ def generate(
         t_start = _clock(device)
         prefill(decoders, slots, on_prefill)
         stats.prefill_s = _clock(device) - t_start
-        g = gamma
         while True:
-            g_round = min(g, max(rows.remaining()) - 1) if speculative else 0  # never overshoot
-            slots.ensure(g_round + 1)
+            g = min(schedule.next(), max(rows.remaining()) - 1) if speculative else 0  # never overshoot
+            slots.ensure(g + 1)
             start = slots.pending
-            if g_round == 0:
-                out, accepted = _decode_one_token(target, slots, params, generator, vocab, stats)
+            if g == 0:
+                out, r = _decode_one_token(target, slots, params, generator, vocab)
             else:
-                out, accepted = _speculate(
-                    target, draft_dec, slots, g_round, mode, params, generator, vocab, stats, alpha, beta, backend,
-                    draft_stop_below,
-                )
-                g_round = out.shape[1] - 1  # the draft may have stopped early
-            going = _commit(slots, target, draft_dec, rows, out, accepted, start, g_round, stats)
+                out, r = _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, alpha, beta, backend,
+                                    draft_stop_below)
+            stats.record(r, speculative)
+            schedule.observe(r)
+            going = _commit(slots, target, draft_dec, rows, out, r.accepted, start, stats)
             if not going:
                 break
-            if len(going) < len(accepted):
+            if len(going) < len(r.accepted):
                 _select(going, slots, decoders, rows)
-            if gamma_schedule == "heuristic" and g_round > 0:
-                g = g + 2 if min(accepted) == g_round else max(1, g - 1)
         stats.wall_s = _clock(device) - t_start
+        stats.schedule = schedule.estimates()
     return GenerationResult(rows.tokens, rows.reasons, stats.finish())
 
 
-def _decode_one_token(target: Decoder, slots: _Slots, params, generator, vocab: int, stats):
-    """The target alone: logits at `pending` -> one token per row. -> (out [B, 1], accepted zeros)."""
+def _decode_one_token(target: Decoder, slots: _Slots, params, generator, vocab: int):
+    """The target alone: logits at `pending` -> one token per row. -> (out [B, 1], the Round: γ 0)."""
     t0 = _clock(target.device)
     logits = _fit_vocab(target.forward(*slots.window(slots.pending, slots.length), keep=1)[:, -1], vocab)  # [B, V]
     B = logits.shape[0]
     token, _ = sample_logits(logits, params, None if params.greedy else uniforms(B, generator))
-    stats.target_s += _clock(target.device) - t0
-    stats.target_calls += 1
-    stats.row_calls += B
-    return token[:, None], [0] * B
+    return token[:, None], Round(0, [0] * B, target_s=_clock(target.device) - t0)
 
 
-def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, stats, alpha, beta, backend,
-               stop_below=0.0):
-    """One speculative round: draft γ (or fewer), score γ+1, verify. -> (out_tokens [B, γ+1], accepted list)."""
+def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, alpha, beta, backend, stop_below=0.0):
+    """One speculative round: draft γ (or fewer), score γ+1, verify. -> (out_tokens [B, γ+1], the Round)."""
     device = target.device
     start = slots.pending
+    catch_up = slots.length - draft_dec.length
     t0 = _clock(device)
     draft_tokens, draft_probs, draft_logits = draft(
         draft_dec, slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid"), stop_below=stop_below
@@ -355,26 +354,11 @@ def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, stat
     )
     accepted = verified.accepted()  # the one host sync of the round
     t3 = _clock(device)
-    B = draft_tokens.shape[0]
-    stats.draft_s += t1 - t0
-    stats.target_s += t2 - t1
-    stats.verify_s += t3 - t2
-    stats.draft_calls += g
-    stats.target_calls += 1
-    stats.row_calls += B
-    stats.verify_calls += 1
-    stats.draft_tokens += g * B
-    stats.accepted_tokens += sum(accepted)
-    stats.backend = verified.backend
-    stats.gamma_history.append(g)
-    hist = stats.accepted_histogram
-    hist.extend([0] * (g + 1 - len(hist)))
-    for n in accepted:
-        hist[n] += 1
-    return verified.out_tokens, accepted
+    return verified.out_tokens, Round(g, accepted, draft_s=t1 - t0, target_s=t2 - t1, verify_s=t3 - t2,
+                                      catch_up=catch_up, backend=verified.backend)
 
 
-def _commit(slots, target, draft_dec, rows, out, accepted, start, g, stats) -> list[int]:
+def _commit(slots, target, draft_dec, rows, out, accepted, start, stats) -> list[int]:
     """Keep each row's accepted slots, mark its rejected ones invalid, write its new token to the
     new pending slot, crop both caches to the longest row. -> active rows still going."""
     longest = max(accepted)

@@ -25,8 +25,9 @@ class GenerationStats:
     draft_s: float = 0.0  # draft forwards + draft sampling
     target_s: float = 0.0  # target forwards (scoring) after the prefill
     verify_s: float = 0.0  # the verify / verify_greedy call alone
-    gamma_history: list[int] = field(default_factory=list)  # γ of each round
+    gamma_history: list[int] = field(default_factory=list)  # γ of each round (0: a plain step; none if autoregressive)
     accepted_histogram: list[int] = field(default_factory=list)  # [k]: verifications accepting k
+    schedule: dict | None = None  # what the auto schedule measured (decoding.schedule.Auto.estimates)
     # derived (filled by finish)
     acceptance_rate: float | None = None  # accepted / drafted
     mean_accepted_per_call: float | None = None  # draft tokens accepted per row per verification
@@ -34,6 +35,30 @@ class GenerationStats:
     tokens_per_s: float = 0.0
     verify_ms_per_call: float | None = None
     overhead_s: float = 0.0  # wall − prefill − draft − target − verify: the loop's own cost
+    rounds_per_gamma: list[int] = field(default_factory=list)  # [γ]: rounds run at that γ (0: plain steps)
+
+    def record(self, r, speculative: bool) -> None:
+        """One finished round (a decoding.schedule.Round)."""
+        B = len(r.accepted)
+        self.target_s += r.target_s
+        self.target_calls += 1
+        self.row_calls += B
+        if not speculative:
+            return
+        self.gamma_history.append(r.gamma)
+        if r.gamma == 0:
+            return
+        self.draft_s += r.draft_s
+        self.verify_s += r.verify_s
+        self.draft_calls += r.gamma
+        self.verify_calls += 1
+        self.draft_tokens += r.gamma * B
+        self.accepted_tokens += sum(r.accepted)
+        self.backend = r.backend
+        hist = self.accepted_histogram
+        hist.extend([0] * (r.gamma + 1 - len(hist)))
+        for n in r.accepted:
+            hist[n] += 1
 
     def finish(self) -> "GenerationStats":
         self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
@@ -43,6 +68,12 @@ class GenerationStats:
         self.tokens_per_s = self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
         self.verify_ms_per_call = 1e3 * self.verify_s / self.verify_calls if self.verify_calls else None
         self.overhead_s = self.wall_s - self.prefill_s - self.draft_s - self.target_s - self.verify_s
+        if self.gamma_history:
+            self.rounds_per_gamma = [0] * (max(self.gamma_history) + 1)
+            for g in self.gamma_history:
+                self.rounds_per_gamma[g] += 1
+        else:
+            self.rounds_per_gamma = [self.target_calls] if self.target_calls else []
         return self
 
     def to_dict(self) -> dict:
@@ -67,6 +98,7 @@ def merge_stats(parts: Iterable[GenerationStats], into: GenerationStats) -> Gene
             setattr(into, name, getattr(into, name) + getattr(s, name))
         into.backend = s.backend or into.backend
         into.gamma_history.extend(s.gamma_history)
+        into.schedule = s.schedule or into.schedule  # a schedule spanning the calls: its latest estimates
         h = into.accepted_histogram
         h.extend([0] * (len(s.accepted_histogram) - len(h)))
         for i, n in enumerate(s.accepted_histogram):

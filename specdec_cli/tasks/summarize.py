@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from specdec_cli import drafts
-from specdec_cli.decoding import GenerationStats, SamplingParams, generate
+from specdec_cli.decoding import GenerationStats, SamplingParams, generate, make_schedule
 from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.layers import self_draft_from_spec
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
@@ -158,6 +158,7 @@ def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Art
     eos = eos_ids(tok, model)
     vocab = None if draft is None else check_compatible(target, draft)  # heads may pad rows past the vocabulary
     params = SamplingParams.of(opts)
+    schedule = make_schedule(opts.gamma_schedule, opts.gamma)  # one for the run: what it measured carries over
     out: list[Summary] = []
     for start in range(0, len(articles), opts.batch_size):
         chunk = slice(start, start + opts.batch_size)
@@ -170,7 +171,7 @@ def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Art
             quantize_draft(draft)
         result = generate(
             model, None if draft is None else draft.model, input_ids.to(target.device), attention_mask.to(target.device),
-            mode=opts.mode, gamma=opts.gamma, gamma_schedule=opts.gamma_schedule, params=params,
+            mode=opts.mode, gamma=opts.gamma, gamma_schedule=schedule, params=params,
             max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
             backend=opts.backend, vocab_size=vocab, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
         )

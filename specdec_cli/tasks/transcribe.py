@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from specdec_cli import drafts
-from specdec_cli.decoding import GenerationStats, SamplingParams, generate, merge_stats
+from specdec_cli.decoding import GenerationStats, SamplingParams, generate, make_schedule, merge_stats
 from specdec_cli.drafts import lean_whisper
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.errors import SpecdecError
@@ -145,6 +145,7 @@ def transcribe(
     whisper = target.model
     device = target.device
     params = SamplingParams.of(opts)
+    schedule = make_schedule(opts.gamma_schedule, opts.gamma)  # one for every window: what it measured carries over
     if audios is None:
         audios = [load_audio(p) for p in inputs]
     if len(audios) != len(inputs):
@@ -210,7 +211,7 @@ def transcribe(
                 prompts = torch.tensor([prompt_ids(ids, langs[batch[r].input], opts.task) for r in keep], device=device)
                 results = generate(
                     target_dec, draft_dec, prompts, mode=opts.mode, gamma=opts.gamma,
-                    gamma_schedule=opts.gamma_schedule, params=params, max_new_tokens=max_new,
+                    gamma_schedule=schedule, params=params, max_new_tokens=max_new,
                     eos_token_ids=[ids.eot], alpha=opts.alpha, beta=opts.beta, backend=opts.backend,
                     vocab_size=vocab, draft_stop_below=opts.draft_stop,
                 )

@@ -1,0 +1,219 @@
+"""The γ schedules. `auto` is run against simulated machines whose costs and acceptance are known, so its
+choice can be compared with the best one; the decoding tests run it on real models (greedy equality and
+the target's distribution)."""
+
+import random
+
+import pytest
+import torch
+
+from conftest import GREEDY, PROMPT, autoregressive, exact_first_two, first_two_pvalue, make_pair, sample_many
+from specdec_cli.decoding import generate
+from specdec_cli.decoding.sampling import SamplingParams
+from specdec_cli.decoding.schedule import Auto, Constant, Heuristic, Round, make
+from specdec_cli.errors import SpecdecError
+
+
+class Machine:
+    """A simulated pair: acceptance α per draft token (independent draws), one draft step t_draft, the
+    target's pass over k tokens t1·(1 + slope·(k − 1)), verification t_verify; each measured time jitters
+    by ±jitter (uniform, multiplicative)."""
+
+    def __init__(self, alpha, t_draft, slope, t_verify=0.0, t1=1.0, jitter=0.1, seed=0):
+        self.alpha, self.t_draft, self.slope, self.t_verify, self.t1 = alpha, t_draft, slope, t_verify, t1
+        self.jitter, self.rng = jitter, random.Random(seed)
+
+    def pass_s(self, k):
+        return self.t1 * (1 + self.slope * (k - 1))
+
+    def tokens(self, gamma):
+        """Expected tokens of a round of γ (Leviathan et al.): (1 − α^(γ+1)) / (1 − α)."""
+        a = self.alpha
+        return 1.0 if gamma == 0 else (1 - a ** (gamma + 1)) / (1 - a)
+
+    def cost(self, gamma):
+        return self.pass_s(1) if gamma == 0 else gamma * self.t_draft + self.pass_s(gamma + 1) + self.t_verify
+
+    def rate(self, gamma):
+        return self.tokens(gamma) / self.cost(gamma)
+
+    def _noisy(self, t):
+        return t * (1 + self.jitter * (2 * self.rng.random() - 1))
+
+    def run(self, schedule, tokens=400):
+        """Decode `tokens` tokens under `schedule` -> (expected tokens per unit time of the γs it chose, [γ of
+        each round]). The rate counts each round's expected tokens and true cost, so it measures the choices,
+        not the luck of the draws (which still steer the choices, through the measured α)."""
+        made, history = 0, []
+        while made < tokens:
+            g = schedule.next()
+            history.append(g)
+            if g == 0:
+                r = Round(0, [0], target_s=self._noisy(self.pass_s(1)))
+            else:
+                a = 0
+                while a < g and self.rng.random() < self.alpha:
+                    a += 1
+                r = Round(g, [a], draft_s=self._noisy(g * self.t_draft), target_s=self._noisy(self.pass_s(g + 1)),
+                          verify_s=self._noisy(self.t_verify))
+            schedule.observe(r)
+            made += r.accepted[0] + 1
+        return sum(map(self.tokens, history)) / sum(map(self.cost, history)), history
+
+
+GAMMA_MAX = 10
+
+# (α, c = t_draft / t1, pass-cost slope per token, t_verify / t1): machines where speculation loses, barely pays,
+# or pays well. "issue 11" is the AMD EPYC measurement of transcribe: step 10.7 ms, draft 5.8 ms, a pass over 7
+# tokens 42 ms (slope (42/10.7 − 1)/6), α 0.93 — no γ pays there.
+MACHINES = {
+    "slow draft": (0.7, 1.0, 0.3, 0.05),
+    "issue 11": (0.93, 5.8 / 10.7, (42 / 10.7 - 1) / 6, 0.02),
+    "marginal": (0.8, 0.3, 0.15, 0.02),
+    "fast draft": (0.8, 0.1, 0.05, 0.02),
+    "near perfect": (0.97, 0.05, 0.03, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_auto_is_never_slower_than_the_target_alone_and_close_to_the_best_constant(name):
+    """20 runs of 400 tokens (other draws each): on average auto's tokens per unit time is ≥ 0.97× plain steps'
+    and ≥ 0.95× the best constant γ's in 0..10 on the same simulated machine (the issue's goals), and no run is
+    below 0.95× plain steps. What it may lose: its first two rounds (γ = 3 and a plain step, before anything is
+    known), the speculative rounds it tries now and then while plain steps win, and rounds at a neighbour of
+    the best γ while its α estimate (≈ 100 tokens' worth) errs."""
+    machine = Machine(*MACHINES[name])
+    rates = [machine.rate(g) for g in range(GAMMA_MAX + 1)]
+    runs = [Machine(*MACHINES[name], seed=seed).run(Auto(GAMMA_MAX))[0] for seed in range(20)]
+    mean = sum(runs) / len(runs)
+    assert mean >= 0.97 * rates[0] and min(runs) >= 0.95 * rates[0], (runs, rates)
+    assert mean >= 0.95 * max(rates), (runs, rates)
+
+
+def test_auto_falls_back_to_plain_steps_and_says_so():
+    """With a draft as slow as the target, nearly every round is a plain step; the tries of speculation
+    grow further apart (8, 16, 32, ... plain steps)."""
+    machine = Machine(0.7, 1.0, 0.3, 0.05)
+    schedule = Auto(GAMMA_MAX)
+    _, history = machine.run(schedule, tokens=600)
+    speculative = [i for i, g in enumerate(history) if g > 0]
+    assert history.count(0) / len(history) > 0.95
+    gaps = [b - a for a, b in zip(speculative[1:], speculative[2:])]
+    assert gaps == sorted(gaps) and gaps[-1] > 4 * gaps[0], gaps
+    assert schedule.estimates()["c"] == pytest.approx(1.0, rel=0.15)
+
+
+def test_auto_chooses_the_gamma_the_costs_call_for():
+    """Noiseless costs: the γ auto settles on has a true rate within 3 % of the best γ's (α is estimated from
+    the draws, so a neighbour of the best may win a few rounds)."""
+    machine = Machine(0.85, 0.15, 0.08, 0.02, jitter=0.0)
+    _, history = machine.run(Auto(GAMMA_MAX), tokens=2000)
+    settled = max(set(history[20:]), key=history[20:].count)
+    best = max(range(GAMMA_MAX + 1), key=machine.rate)
+    assert machine.rate(settled) >= 0.97 * machine.rate(best), (settled, best)
+    assert settled > 0
+
+
+def test_auto_interpolates_the_pass_cost_between_measured_sizes():
+    schedule = Auto(8)
+    for k, t in [(1, 10.0), (5, 18.0)]:
+        schedule.observe(Round(k - 1, [0] * 1, target_s=t, draft_s=1.0 * (k - 1), verify_s=0.1))
+        schedule.observe(Round(k - 1, [0] * 1, target_s=t, draft_s=1.0 * (k - 1), verify_s=0.1))
+    assert schedule.pass_s(3) == pytest.approx(14.0)  # halfway between 10 and 18
+    assert schedule.pass_s(9) == pytest.approx(26.0)  # the slope 2 per token carried on
+    assert schedule.pass_s(1) == 10.0
+
+
+def test_heuristic_and_constant_rules():
+    h = Heuristic(2)
+    for accepted, want in [([2], 4), ([4], 6), ([1], 5), ([0], 4)]:
+        h.observe(Round(h.next(), accepted))
+        assert h.next() == want
+    h = Heuristic(1)
+    h.observe(Round(1, [0]))
+    assert h.next() == 1  # never below 1
+    assert Constant(5).next() == 5 and make("auto", 4).gamma_max == 4
+    with pytest.raises(SpecdecError, match="--gamma-schedule"):
+        make("cosine", 4)
+
+
+# ----------------------------------------------------------------------------------------------------
+# on real models
+
+
+class Scripted:
+    """A schedule for tests: γ from the previous round's outcome only (past-only, so still exact). Round 1:
+    γ = 1; after a round that accepted everything (or a plain step) a plain step, else γ = 2 — so plain steps
+    and speculation interleave, and the draft must catch up on the plain steps' tokens."""
+
+    name = "scripted"
+
+    def __init__(self, gamma=1):
+        self.gamma, self.last = gamma, None
+
+    def next(self):
+        if self.last is None:
+            return self.gamma
+        full = self.last.gamma == 0 or min(self.last.accepted) == self.last.gamma
+        return 0 if full and self.last.gamma > 0 else 2
+
+    def observe(self, r):
+        self.last = r
+
+    def estimates(self):
+        return None
+
+
+@pytest.mark.parametrize("schedule", ["auto", "scripted"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_output_is_the_targets_under_any_schedule(arch, schedule):
+    target, draft = make_pair(arch)
+    want = autoregressive(target, PROMPT, n=40).tokens
+    s = Scripted() if schedule == "scripted" else Auto(6, probe_first=2)  # tiny models: speculation may not pay
+    got = generate(target, draft, PROMPT, mode="exact", gamma=6, gamma_schedule=s, params=GREEDY, max_new_tokens=40)
+    assert got.tokens == want
+    st = got.stats
+    assert st.rounds_per_gamma[0] > 0 and sum(st.rounds_per_gamma[1:]) > 0, "plain steps and speculative rounds both ran"
+    assert sum(st.rounds_per_gamma) == st.target_calls
+
+
+def test_one_auto_schedule_spans_calls_and_reports_what_it_measured():
+    target, draft = make_pair("llama")
+    s = Auto(4)
+    for _ in range(2):
+        got = generate(target, draft, PROMPT, gamma=4, gamma_schedule=s, params=GREEDY, max_new_tokens=12)
+    est = got.stats.to_dict()["schedule"]
+    assert est["draft_step_ms"] > 0 and est["target_pass_ms"][1] > 0 and 0 < est["alpha"] <= 1
+    assert s.passes[1].count + sum(p.count for k, p in s.passes.items() if k > 1) >= 2 * 4  # both calls observed
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_targets_distribution_when_gamma_depends_on_the_past(small_pair):
+    """B = 1 so each run's γ follows its own accepted counts (Scripted); 4 000 runs, chi-square p > 1e-3 on the
+    first two tokens, which come from plain steps, accepted drafts, resampled and bonus tokens alike."""
+    target, draft = small_pair
+    prompt = torch.tensor([[1, 6, 2, 3]])
+    params = SamplingParams(temperature=1.0, seed=0)
+    joint = exact_first_two(target, prompt, params)
+    tokens, plain = [], 0
+    for seed in range(4000):
+        got = generate(target, draft, prompt, mode="exact", gamma=2, gamma_schedule=Scripted(), max_new_tokens=3,
+                       params=SamplingParams(temperature=1.0, seed=seed))
+        tokens += got.tokens
+        plain += got.stats.rounds_per_gamma[0] > 0
+    assert 400 < plain < 3600, "both branches of the schedule ran"
+    assert first_two_pvalue(tokens, joint) > 1e-3
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_targets_distribution_under_auto(small_pair):
+    """One Auto schedule across the batched runs of sample_many (its γ moves with the measured times);
+    chi-square p > 1e-3 as in test_decoding."""
+    target, draft = small_pair
+    prompt = torch.tensor([[1, 6, 2, 3]])
+    params = SamplingParams(temperature=1.0, seed=5)
+    joint = exact_first_two(target, prompt, params)
+    tokens, rate = sample_many(target, draft, prompt, params, mode="exact", gamma=3, gamma_schedule=Auto(3),
+                               max_new_tokens=3)
+    assert rate is not None
+    assert first_two_pvalue(tokens, joint) > 1e-3
