@@ -205,12 +205,14 @@ def bench(
     alpha: Alpha = D.alpha,
     beta: Beta = D.beta,
     seed: Seed = D.seed,
-    threads: Annotated[Optional[int], typer.Option(help="torch intra-op threads (default: torch's, one per core).")] = None,
+    threads: Annotated[Optional[str], typer.Option(help="torch intra-op threads (default: torch's, one per core); a task sweeps a list, e.g. 1,all.")] = None,
+    gamma_schedule: Annotated[Optional[str], typer.Option(help=f"A task's γ schedules, comma-separated: {', '.join(opt.GAMMA_SCHEDULES)}; each runs at every --gamma (auto: its upper bound). Default: auto,constant.")] = None,
     data: Annotated[Optional[Path], typer.Option(help="A task's inputs: a directory of articles (*.txt) or audio, or with an articles/ or audio/ folder; <name>.ref.txt beside an input is its reference. Default: the examples shipped with specdec (transcribe: the LibriVox clips of pocketsphinx-testdata when installed).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="A task: only the first N inputs.")] = None,
     target: Annotated[Optional[str], typer.Option(help="A task's target model, as for specdec summarize|transcribe (default: embedded).")] = None,
     draft: Annotated[Optional[str], typer.Option(help=f"A task's draft model, as for specdec summarize|transcribe (default: summarize {S.draft}, transcribe {T.draft}).")] = None,
-    draft_vocab: Annotated[Optional[int], typer.Option(help=f"A task's draft output layer size, as for specdec summarize|transcribe (default: summarize {S.draft_vocab}, transcribe {T.draft_vocab}; 0 = full).")] = None,
+    draft_vocab: Annotated[Optional[str], typer.Option(help=f"A task's draft output layer sizes, comma-separated, as for specdec summarize|transcribe (default: summarize {S.draft_vocab}, transcribe {T.draft_vocab}; 0 = full).")] = None,
+    draft_quantized: Annotated[Optional[str], typer.Option(help="A task's draft weights: on (summarize int8, transcribe int4; the default), off, or on,off to compare.")] = None,
     draft_stop: Annotated[Optional[float], typer.Option(help=f"A task's --draft-stop, as for specdec summarize|transcribe (default: summarize {S.draft_stop}, transcribe {T.draft_stop}).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help=f"A task: new tokens per input (default: summarize {S.max_new_tokens}, transcribe {T.max_new_tokens} per 30 s window).")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="A task: 0 = greedy (default; every mode then verifies by argmax match), > 0 samples and compares the verifications.")] = None,
@@ -226,12 +228,14 @@ def bench(
     baseline and to transformers' own hf (B = 1), and each acceptance rate.
 
     summarize | transcribe: the task over the inputs of --data,
-    autoregressive once, then every γ × mode, with the options of
-    specdec summarize|transcribe at their defaults unless given here.
+    autoregressive once, then every schedule × γ × mode, with the options
+    of specdec summarize|transcribe at their defaults unless given here;
+    all of it for each --threads count and draft setting listed.
     Reports tokens/s, the speedup over autoregressive beside the one
     Leviathan et al.'s formula predicts from the measured α and cost ratio
-    c (and the γ it says is best), acceptance, verification ms per call,
-    peak memory, and ROUGE or WER against the references.
+    c (and the γ it says is best), the target's pass over its one-token
+    step, acceptance, verification ms per call, peak memory, and ROUGE or
+    WER against the references.
 
     [bold]Examples[/]
 
@@ -240,6 +244,7 @@ def bench(
       specdec bench --out results.json --csv results.csv --plot plots/
       specdec bench --task summarize --gamma 2,4 --temperature 1 --limit 3
       specdec bench --task transcribe --data clips/ --target embedded:tiny.en
+      specdec bench --task transcribe --threads 1,all --draft-quantized on,off
     """
     from specdec_cli import render
     from specdec_cli.bench import config as cfg
@@ -247,17 +252,21 @@ def bench(
     from specdec_cli.models import resolve_device
 
     opt.one_of("--task", task, cfg.TASKS)
-    task_options = {"data": data, "limit": limit, "target": target, "draft": draft, "draft_vocab": draft_vocab,
-                    "draft_stop": draft_stop, "max_new_tokens": max_new_tokens, "temperature": temperature}
+    task_options = {"data": data, "limit": limit, "target": target, "draft": draft, "draft_stop": draft_stop,
+                    "max_new_tokens": max_new_tokens, "temperature": temperature}
+    sweeps = {"draft_vocab": draft_vocab, "draft_quantized": draft_quantized, "gamma_schedule": gamma_schedule}
+    thread_counts = cfg.parse_threads(threads)
     if task == "synthetic":
-        given = [k for k, v in task_options.items() if v is not None]
+        given = [k for k, v in {**task_options, **sweeps}.items() if v is not None]
         if given:
             raise SpecdecError(f"--{given[0].replace('_', '-')} is for --task summarize or transcribe, not synthetic")
+        if thread_counts is not None and len(thread_counts) > 1:
+            raise SpecdecError("--threads: one count for --task synthetic (a task sweeps a list)")
         config = cfg.SyntheticConfig(
             vocabs=cfg.parse_ints(vocab, "--vocab"), gammas=cfg.parse_ints(gamma, "--gamma"),
             batches=cfg.parse_ints(batch, "--batch"), modes=cfg.parse_names(modes, "--modes", cfg.SYNTHETIC_MODES),
             device=device, dtype=dtype or "float32", overlap=overlap, repeat=50 if repeat is None else repeat,
-            backend=backend, alpha=alpha, beta=beta, seed=seed, threads=threads,
+            backend=backend, alpha=alpha, beta=beta, seed=seed, threads=None if thread_counts is None else thread_counts[0],
         )
     else:
         names = cfg.parse_names(modes, "--modes", ("autoregressive", *cfg.SYNTHETIC_MODES))
@@ -265,7 +274,11 @@ def bench(
             task=task, gammas=cfg.parse_ints(gamma, "--gamma"), batch=cfg.parse_ints(batch, "--batch")[0],
             modes=[m for m in names if m in cfg.TASK_MODES],  # autoregressive always runs; hf is synthetic only
             device=device, dtype=dtype or D.dtype, repeat=1 if repeat is None else repeat, backend=backend,
-            alpha=alpha, beta=beta, seed=seed, threads=threads,
+            alpha=alpha, beta=beta, seed=seed, threads=thread_counts,
+            schedules=cfg.parse_names(gamma_schedule or ",".join(cfg.DEFAULT_SCHEDULES), "--gamma-schedule",
+                                      opt.GAMMA_SCHEDULES),
+            draft_vocabs=None if draft_vocab is None else cfg.parse_ints(draft_vocab, "--draft-vocab"),
+            draft_quantized=cfg.parse_switches(draft_quantized, "--draft-quantized"),
             options={k: (str(v) if isinstance(v, Path) else v) for k, v in task_options.items() if v is not None},
         )
     config.device = resolve_device(device)

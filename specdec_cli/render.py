@@ -223,7 +223,7 @@ def _cell(key: str, v) -> str:
         return "—"
     if key == "best_gamma":
         return str(v)
-    if key.startswith("speedup") or key == "predicted_speedup":
+    if key.startswith("speedup") or key in ("predicted_speedup", "pass_ratio"):
         return f"{v:.2f}×"
     if key in ("acceptance_rate", "expected_acceptance_rate", "alpha", "cost_ratio", "same_as_autoregressive") \
             or key.startswith("quality."):
@@ -240,21 +240,23 @@ def bench_table(results) -> None:
     from specdec_cli.bench.results import value
 
     m = results.machine
-    threads = f"{m['torch_threads']} thread{'s' if m['torch_threads'] != 1 else ''}"
+    counts = sorted({r.threads for r in results.records if getattr(r, "threads", None)}) or [m['torch_threads']]
+    threads = f"{'/'.join(map(str, counts))} thread{'s' if counts != [1] else ''}"
     heading = f"bench {results.task} · {m['device']} · {threads} · torch {m['versions']['torch']}"
-    for i, (subtitle, cols) in enumerate(results.tables):
-        title = "\n".join(x for x in (heading if i == 0 else "", subtitle) if x)
-        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
-        for key, header in cols:
-            t.add_column(header, justify="left" if key == "mode" else "right", no_wrap=True)
-        previous = None
-        for r in results.records:
-            group = (r.vocab, r.batch, r.gamma) if results.task == "synthetic" else r.gamma
-            if previous is not None and group != previous:
-                t.add_section()
-            previous = group
-            t.add_row(*(_cell(key, value(r, key)) for key, _ in cols))
-        err.print(t)
+    for j, (setting, records) in enumerate(results.groups()):
+        for i, (subtitle, cols) in enumerate(results.tables):
+            title = "\n".join(x for x in (heading if i == j == 0 else "", setting if i == 0 else "", subtitle) if x)
+            t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+            for key, header in cols:
+                t.add_column(header, justify="left" if key in ("mode", "schedule") else "right", no_wrap=True)
+            previous = None
+            for r in records:
+                group = (r.vocab, r.batch, r.gamma) if results.task == "synthetic" else (r.schedule, r.gamma)
+                if previous is not None and group != previous:
+                    t.add_section()
+                previous = group
+                t.add_row(*(_cell(key, value(r, key)) for key, _ in cols))
+            err.print(t)
     if results.task == "synthetic":
         backends = ", ".join(dict.fromkeys(f"{r.mode} {r.backend}" for r in results.records))
         err.print(f"{m['device_name']}. ms/step: median of calls timed side by side, p10 and p90 beside it; "
@@ -265,8 +267,10 @@ def bench_table(results) -> None:
         peak = "torch's peak allocated" if m["device"] == "cuda" else "the process's peak resident set, models included"
         err.print(f"{m['device_name']}. speedup = tok/s over autoregressive tok/s; predicted = Leviathan's "
                   "(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with α from acc/call and c = draft ms / target ms per "
-                  "forward; best γ maximises the prediction. verify ms = one verification call; peak MiB = "
-                  f"{peak}; = AR = share of inputs whose output equals autoregressive's.", highlight=False)
+                  "forward; best γ maximises the prediction (constant γ only). γ is auto's upper bound; mean γ = "
+                  "draft tokens per round, plain steps as 0; pass = the target's ms per call over its one-token "
+                  f"step. verify ms = one verification call; peak MiB = {peak}; = AR = share of inputs whose output "
+                  "equals autoregressive's.", highlight=False)
 
 
 def _calls(results) -> str:

@@ -16,6 +16,7 @@ from specdec_cli import options
 from specdec_cli.bench import config, contenders, harness, machine, runners, synthetic
 from specdec_cli.bench.results import BenchResults
 from specdec_cli.cli import app
+from specdec_cli.errors import SpecdecError
 
 runner = CliRunner()
 TINY = ["bench", "--task", "synthetic", "--vocab", "1000", "--gamma", "1,3", "--batch", "1", "--repeat", "3",
@@ -144,6 +145,8 @@ def test_hf_only_at_batch_1():
         (["--modes", "hf", "--batch", "8"], "batch 1"),
         (["--task", "translate"], "--task"),
         (["--repeat", "0"], "--repeat"),
+        (["--gamma-schedule", "auto"], "--gamma-schedule is for --task summarize or transcribe"),
+        (["--threads", "1,2"], "one count for --task synthetic"),
         (["--dtype", "int8"], "--dtype"),
         (["--backend", "cuda"], "--backend"),
         (["--overlap", "0"], "--overlap"),
@@ -359,8 +362,8 @@ def test_summarize_json_carries_every_table_field(summarize_run):
     out, d = summarize_run
     assert json.loads((d / "s.json").read_text()) == out
     results = out["results"]
-    assert [(x["mode"], x["gamma"]) for x in results] == [
-        ("autoregressive", 0), ("baseline", 1), ("exact", 1), ("baseline", 3), ("exact", 3)]
+    assert [(x["schedule"], x["mode"], x["gamma"]) for x in results] == [(None, "autoregressive", 0)] + [
+        (s, m, g) for s in ("auto", "constant") for g in (1, 3) for m in ("baseline", "exact")]
     records = [contenders.TaskRecord(**x) for x in results]  # every field round-trips
     shown = BenchResults("summarize", out["command"], out["config"], out["machine"], records).tables
     for _title, cols in shown:
@@ -368,7 +371,9 @@ def test_summarize_json_carries_every_table_field(summarize_run):
             for x in results:
                 assert (key.split(".", 1)[1] in x["quality"]) if key.startswith("quality.") else key in x, key
     assert {k for _, cols in shown for k, _ in cols} >= {"quality.rouge1", "quality.rouge2", "quality.rougeL"}
-    assert out["command"].startswith("specdec bench --task summarize --gamma 1,3 --modes baseline,exact --batch 1")
+    assert out["command"].startswith("specdec bench --task summarize --gamma 1,3 --modes baseline,exact "
+                                     "--gamma-schedule auto,constant --batch 1")
+    assert "--draft-vocab 0" in out["command"] and "--threads 1" in out["command"]
     assert "--max-new-tokens 12" in out["command"] and "--draft self:2" in out["command"]
     m = out["machine"]
     assert m["device"] == "cpu" and m["device_name"] and m["versions"]["torch"] == torch.__version__
@@ -390,7 +395,12 @@ def test_summarize_arithmetic(summarize_run):
         assert 0 <= x["acceptance_rate"] <= 1 and x["verify_ms_per_call"] > 0 and x["backend"] == "torch"
         c = x["draft_ms_per_forward"] / ar["target_ms_per_forward"]
         assert x["cost_ratio"] == pytest.approx(c)
-        if 0 < x["mean_accepted_per_call"] < g:
+        assert x["pass_ratio"] == pytest.approx(x["target_ms_per_forward"] / ar["target_ms_per_forward"])
+        # rounds never draft past γ (constant: γ, fewer where the draft stops early or the end is near)
+        assert 0 < sum(x["rounds_per_gamma"]) and len(x["rounds_per_gamma"]) <= g + 1
+        if x["schedule"] == "auto":  # what it measured is in the record; no one γ to predict for
+            assert x["alpha"] == x["measured"]["alpha"] and x["predicted_speedup"] is None
+        if x["schedule"] == "constant" and 0 < x["mean_accepted_per_call"] < g:
             alpha = _alpha_from_mean_accepted(x["mean_accepted_per_call"], g)
             assert x["alpha"] == pytest.approx(alpha, abs=1e-9)
             assert x["predicted_speedup"] == pytest.approx((1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)))
@@ -415,7 +425,7 @@ def test_summarize_rouge_wiring(summarize_run):
 def test_summarize_csv_and_plots(summarize_run):
     out, d = summarize_run
     rows = list(csv.DictReader((d / "s.csv").open()))
-    assert len(rows) == len(out["results"]) == 5
+    assert len(rows) == len(out["results"]) == 9
     assert "outputs" not in rows[0] and "quality_rouge1" in rows[0]
     assert float(rows[2]["speedup"]) == pytest.approx(out["results"][2]["speedup"])
     pngs = sorted(p.name for p in d.glob("*.png"))
@@ -429,6 +439,41 @@ def test_summarize_table_limit_and_greedy_warning(tiny_llama, articles_dir):
                                      "--modes", "exact,sigmoid", "--max-new-tokens", "4", "--limit", "1"))
     assert r.exit_code == 0, r.output
     assert "predicted" in r.stderr and "rouge1" in r.stderr and "argmax" in r.stderr and r.stdout == ""
+
+
+def test_a_sweep_over_threads_and_draft_settings(tiny_llama, articles_dir):
+    """--threads and the draft options sweep: autoregressive once per thread count, the speculative contenders
+    once per (threads, draft setting), each measured against the autoregressive run of its own thread count;
+    the progress bar's total is what ran; torch's thread count is restored."""
+    saved = torch.get_num_threads()
+    args = task_args("summarize", tiny_llama, articles_dir, "--draft", "self:2", "--gamma", "2", "--modes", "exact",
+                     "--gamma-schedule", "auto", "--max-new-tokens", "6", "--limit", "1", "--json")
+    args[args.index("--threads") + 1] = "1,2"
+    r = runner.invoke(app, [*args, "--draft-vocab", "0,64", "--draft-quantized", "off"])
+    assert r.exit_code == 0, r.output
+    assert torch.get_num_threads() == saved
+    results = json.loads(r.stdout)["results"]
+    assert [(x["threads"], x["mode"], x["draft"]) for x in results] == [
+        (t, m, d) for t in (1, 2) for m, d in [("autoregressive", None), ("exact", "vocab full, unquantized"),
+                                               ("exact", "vocab 64, unquantized")]]
+    for x in results:
+        ar = next(a for a in results if a["mode"] == "autoregressive" and a["threads"] == x["threads"])
+        assert x["speedup"] == pytest.approx(x["tokens_per_s"] / ar["tokens_per_s"])
+        assert x["outputs"] == ar["outputs"]  # greedy, whatever the setting
+    records = [contenders.TaskRecord(**x) for x in results]
+    groups = BenchResults("summarize", "", {}, {}, records).groups()
+    assert [len(g) for _, g in groups] == [2, 2, 2, 2] and "2 threads · draft vocab 64" in groups[3][0]
+    tc = config.TaskConfig("summarize", [2, 3], ["exact", "sigmoid"], schedules=["auto"], threads=[1, 2],
+                           draft_vocabs=[0, 64], options={"data": str(articles_dir)})
+    assert harness.total_steps(tc) == 2 + 2 * 2 * 1 * 2 * 2
+
+
+def test_bench_option_lists():
+    assert config.parse_threads("1,all") == sorted({1, os.cpu_count()})
+    assert config.parse_threads(None) is None
+    assert config.parse_switches("on,off", "--draft-quantized") == [True, False]
+    with pytest.raises(SpecdecError, match="--draft-quantized"):
+        config.parse_switches("yes", "--draft-quantized")
 
 
 def test_transcribe_wer_wiring(tmp_path):
@@ -449,8 +494,8 @@ def test_transcribe_wer_wiring(tmp_path):
     for k, name in enumerate(names):
         sf.write(data / f"{name}.wav", (0.3 * np.sin(2 * np.pi * (200 + 150 * k + 300 * t) * t)).astype(np.float32), 16000)
         (data / f"{name}.ref.txt").write_text("placeholder")
-    args = task_args("transcribe", model, data, "--gamma", "2", "--modes", "exact", "--max-new-tokens", "6",
-                     "--draft-vocab", "150", "--json")
+    args = task_args("transcribe", model, data, "--gamma", "2", "--modes", "exact", "--gamma-schedule", "constant",
+                     "--max-new-tokens", "6", "--draft-vocab", "150", "--json")
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     for name, text in zip(names, json.loads(first.stdout)["results"][0]["outputs"]):
@@ -497,6 +542,11 @@ def empty_dirs(tmp_path):
         (["--temperature", "-1"], "--temperature"),
         (["--dtype", "int8"], "--dtype"),
         (["--repeat", "0"], "--repeat"),
+        (["--gamma-schedule", "auto,turbo"], "--gamma-schedule"),
+        (["--threads", "1,0"], "--threads"),
+        (["--threads", "1,many"], "--threads"),
+        (["--draft-quantized", "maybe"], "--draft-quantized"),
+        (["--draft-vocab", "8,x"], "--draft-vocab"),
         (["--data", "{tmp}/nope"], "no such directory"),
         (["--data", "{tmp}/empty"], "no usable files for --task summarize"),
         (["--data", "{tmp}/refs-only"], "no usable files for --task summarize"),

@@ -248,8 +248,10 @@ def test_bench_runner(tiny_dir, speech_wav):
         "language": "en", "draft_vocab": 150})
     done = []
     records = contenders.aggregate(runners.run_task(cfg, done.append))
-    assert [(r.mode, r.gamma) for r in records] == [("autoregressive", 0), ("exact", 2), ("exact", 4)]
-    assert done == ["autoregressive", "exact γ=2", "exact γ=4"]
+    assert [(r.mode, r.schedule, r.gamma) for r in records] == [
+        ("autoregressive", None, 0), ("exact", "auto", 2), ("exact", "auto", 4), ("exact", "constant", 2),
+        ("exact", "constant", 4)]
+    assert done == ["autoregressive", "exact auto γ=2", "exact auto γ=4", "exact constant γ=2", "exact constant γ=4"]
     assert all(r.new_tokens > 0 and "wer" in r.quality for r in records)
     assert records[0].speedup == 1.0 and records[1].speedup is not None and records[1].draft_ms_per_forward
 

@@ -1,7 +1,8 @@
 """What a `specdec bench` run is asked to measure, checked before anything runs.
 
     SyntheticConfig   one verification step on synthetic logits, over a grid V × B × γ × provider
-    TaskConfig        a decoding task (summarize, transcribe), every γ × mode, plus autoregressive once
+    TaskConfig        a decoding task (summarize, transcribe): autoregressive, then every schedule × γ × mode,
+                      for each thread count and draft setting of the sweep
 
 Their options follow the rules of specdec_cli.options; a task's decoding options default to the CLI's
 (runners.task_options), so a bench measures what users run unless told otherwise.
@@ -39,6 +40,24 @@ def parse_ints(text: str, option: str) -> list[int]:
         return sorted({int(s) for s in items})
     except ValueError:
         raise SpecdecError(f"{option} must be a comma-separated list of integers (got {text!r})") from None
+
+
+def parse_threads(text: str | None) -> list[int] | None:
+    """'1,all' -> [1, os.cpu_count()]; None -> None (torch's default)."""
+    if text is None:
+        return None
+    cores = str(os.cpu_count() or 1)
+    return parse_ints(",".join(cores if s.strip() == "all" else s for s in str(text).split(",")), "--threads")
+
+
+SWITCHES = {"on": True, "off": False}
+
+
+def parse_switches(text: str | None, option: str) -> list[bool] | None:
+    """'on,off' -> [True, False]; None -> None (the task's default)."""
+    if text is None:
+        return None
+    return [SWITCHES[n] for n in parse_names(text, option, SWITCHES)]
 
 
 def parse_names(text: str, option: str, allowed: Iterable[str]) -> list[str]:
@@ -135,15 +154,20 @@ class SyntheticConfig:
         return shlex.join(args)
 
 
+DEFAULT_SCHEDULES = ("auto", "constant")  # what users run (auto), and the constant γ it should come close to
+
+
 @dataclass
 class TaskConfig:
-    """What a task runner is asked to run: every γ × every mode, plus autoregressive once (γ = 0).
+    """What a task runner is asked to run: autoregressive (γ = 0), then every schedule × γ × mode (γ: the
+    constant γ, or auto's upper bound), all of it once per thread count × draft setting (a sweep).
     `options` carries the task's own settings (runners.TASK_OPTIONS); what it leaves out, and dtype, backend,
     α, β and seed left at their defaults, are the CLI's defaults (runners.task_options)."""
 
     task: str
     gammas: list[int]
     modes: list[str]
+    schedules: list[str] = field(default_factory=lambda: list(DEFAULT_SCHEDULES))
     batch: int = 1
     device: str = "cpu"
     dtype: str = options.DecodeOptions.dtype
@@ -152,7 +176,9 @@ class TaskConfig:
     alpha: float = options.DecodeOptions.alpha
     beta: float = options.DecodeOptions.beta
     seed: int = options.DecodeOptions.seed
-    threads: int | None = None
+    threads: list[int] | None = None  # a sweep; None: torch's default
+    draft_vocabs: list[int] | None = None  # a sweep of --draft-vocab; None: the task's default
+    draft_quantized: list[bool] | None = None  # a sweep of the draft's int8/int4 weights; None: the default
     options: dict = field(default_factory=dict)
 
     def validate(self) -> "TaskConfig":
@@ -167,12 +193,15 @@ class TaskConfig:
         for m in self.modes:
             if m not in TASK_MODES:
                 raise SpecdecError(f"--modes: unknown {m!r} for --task {self.task} (choose from {', '.join(TASK_MODES)})")
+        for s in self.schedules:
+            options.one_of("--gamma-schedule", s, options.GAMMA_SCHEDULES)
         if self.options.get("limit") is not None:
             options.at_least("--limit", self.options["limit"], 1)
-        _check_run(self.repeat, self.threads, self.backend, self.alpha, self.beta)
-        base = runners.task_options(self)
-        for g in self.gammas:
-            base.replace(gamma=g).validate()
+        for t in self.threads or [None]:
+            _check_run(self.repeat, t, self.backend, self.alpha, self.beta)
+        for setting in runners.task_settings(self):
+            for g in self.gammas:
+                setting.options.replace(gamma=g).validate()
         runners.read_inputs(self.task, runners.task_inputs(self)[0])
         return self
 
@@ -182,9 +211,15 @@ class TaskConfig:
 
     def command(self) -> str:
         args = ["specdec", "bench", "--task", self.task, "--gamma", _join(self.gammas), "--modes",
-                ",".join(self.modes), "--batch", str(self.batch), "--device", self.device, "--dtype", self.dtype,
-                "--repeat", str(self.repeat), "--backend", self.backend, "--alpha", str(self.alpha), "--beta",
-                str(self.beta), "--seed", str(self.seed)] + _threads_arg(self.threads)
+                ",".join(self.modes), "--gamma-schedule", ",".join(self.schedules), "--batch", str(self.batch),
+                "--device", self.device, "--dtype", self.dtype, "--repeat", str(self.repeat), "--backend",
+                self.backend, "--alpha", str(self.alpha), "--beta", str(self.beta), "--seed", str(self.seed)]
+        if self.threads is not None:
+            args += ["--threads", _join(self.threads)]
+        if self.draft_vocabs is not None:
+            args += ["--draft-vocab", _join(self.draft_vocabs)]
+        if self.draft_quantized is not None:
+            args += ["--draft-quantized", ",".join("on" if q else "off" for q in self.draft_quantized)]
         for key in runners.TASK_OPTIONS:
             if self.options.get(key) is not None:
                 args += [_flag(key), str(self.options[key])]

@@ -1,7 +1,8 @@
-"""A decoding task's benchmark, whatever the task: every contender (autoregressive, then γ × mode) decodes every
-input, and each becomes a TaskRecord; `aggregate` adds the measured speedup over autoregressive decoding and
-Leviathan's prediction from the measured α and cost ratio c (the paper's tables 1, 5; figures 4, 5 from the
-peak memory). The tasks plug in through runners.py.
+"""A decoding task's benchmark, whatever the task: every contender (autoregressive, then schedule × γ × mode)
+decodes every input, and each becomes a TaskRecord; `aggregate` adds the measured speedup over autoregressive
+decoding at the same thread count and Leviathan's prediction from the measured α and cost ratio c (the paper's
+tables 1, 5; figures 4, 5 from the peak memory). The tasks plug in through runners.py; a sweep over threads
+and draft options runs these contenders once per setting (runners.run_task).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class TaskRecord:
     derived ones are filled by `aggregate`."""
 
     task: str
-    gamma: int
+    gamma: int  # constant: γ; heuristic: its start; auto: its upper bound; 0 for autoregressive
     mode: str
     new_tokens: int
     wall_s: float  # the decoding loop over every input (prefill included)
@@ -38,6 +39,12 @@ class TaskRecord:
     quality: dict[str, float] = field(default_factory=dict)  # rouge1/rouge2/rougeL or wer (score_quality)
     backend: str | None = None  # the verification backend that ran ("torch", "triton", ...)
     outputs: list[str] = field(default_factory=list)  # the text of each input, in input order
+    schedule: str | None = None  # the γ schedule (decoding/schedule.py); None for autoregressive
+    threads: int | None = None  # torch intra-op threads it ran with
+    draft: str | None = None  # the draft's options, e.g. "vocab 32768, quantized" (None for autoregressive)
+    rounds_per_gamma: list[int] = field(default_factory=list)  # [γ]: rounds run at that γ (0: plain steps)
+    mean_gamma: float | None = None  # draft tokens per round, plain steps counted as 0
+    measured: dict | None = None  # what the auto schedule measured (decoding.schedule.Auto.estimates)
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
@@ -45,48 +52,73 @@ class TaskRecord:
     predicted_speedup: float | None = None  # walltime_speedup(α, γ, c)
     best_gamma: int | None = None  # best_gamma(α, c)
     same_as_autoregressive: float | None = None  # share of inputs whose output equals autoregressive's
+    pass_ratio: float | None = None  # the target's ms per call here over its one-token step (autoregressive's)
 
 
 WARMUP_TOKENS = 8  # new tokens of the untimed warm-up decode of each mode
 
-# decode(mode, γ, short) -> (texts in input order, finished GenerationStats summed over the inputs);
+@dataclass(frozen=True)
+class Contender:
+    mode: str
+    gamma: int = 0
+    schedule: str | None = None  # None for autoregressive
+
+    @property
+    def label(self) -> str:
+        return self.mode if self.mode == "autoregressive" else f"{self.mode} {self.schedule} γ={self.gamma}"
+
+
+AUTOREGRESSIVE = Contender("autoregressive")
+
+# decode(contender, short) -> (texts in input order, finished GenerationStats summed over the inputs);
 # short: the first input only, at most WARMUP_TOKENS new tokens (the warm-up).
-Decode = Callable[[str, int, bool], tuple[list[str], GenerationStats]]
+Decode = Callable[[Contender, bool], tuple[list[str], GenerationStats]]
 
 
-def run_contenders(config, decode: Decode, references: list[str] | None,
-                   progress: Progress) -> list[TaskRecord]:
-    """A task runner's loop: autoregressive (γ = 0), then every γ × mode, each decoding every input.
-    Every mode first runs one short untimed decode (first-call costs stay out of the figures); each
-    contender then runs config.repeat times and keeps its fastest pass, with that pass's peak memory."""
-    contenders = [("autoregressive", 0)] + [(m, g) for g in config.gammas for m in config.modes]
-    for mode in dict.fromkeys(m for m, _ in contenders):
-        decode(mode, 0 if mode == "autoregressive" else config.gammas[0], True)
+def contenders_of(config, autoregressive: bool = True) -> list[Contender]:
+    """Autoregressive (unless told not), then every schedule × γ × mode of a TaskConfig."""
+    spec = [Contender(m, g, s) for s in config.schedules for g in config.gammas for m in config.modes]
+    return ([AUTOREGRESSIVE] if autoregressive else []) + spec
+
+
+def run_contenders(config, contenders: list[Contender], decode: Decode, references: list[str] | None,
+                   progress: Progress, **setting) -> list[TaskRecord]:
+    """A task runner's loop: each contender decodes every input. Every mode first runs one short untimed
+    decode (first-call costs stay out of the figures); each contender then runs config.repeat times and
+    keeps its fastest pass, with that pass's peak memory. `setting` (threads, draft) goes into each record."""
+    for first in {c.mode: c for c in reversed(contenders)}.values():
+        decode(first, True)
     records = []
-    for mode, gamma in contenders:
+    for c in contenders:
         best = None
         for _ in range(config.repeat):
             with PeakMemory(config.device) as peak:
-                texts, stats = decode(mode, gamma, False)
+                texts, stats = decode(c, False)
             if best is None or stats.wall_s < best[1].wall_s:
                 best = (texts, stats, peak.mib)
-        records.append(task_record(config.task, mode, gamma, *best, references))
-        progress("autoregressive" if mode == "autoregressive" else f"{mode} γ={gamma}")
+        record = task_record(config.task, c, *best, references)
+        record.threads = setting.get("threads")
+        record.draft = None if c.mode == "autoregressive" else setting.get("draft")
+        records.append(record)
+        progress(c.label)
     return records
 
 
-def task_record(task: str, mode: str, gamma: int, texts: list[str], stats, peak_mib: float | None,
+def task_record(task: str, contender: Contender, texts: list[str], stats, peak_mib: float | None,
                 references: list[str] | None) -> TaskRecord:
     """A TaskRecord from one pass: its texts and its finished GenerationStats (decoding.stats)."""
+    history = stats.gamma_history
     return TaskRecord(
-        task=task, gamma=gamma, mode=mode, new_tokens=stats.new_tokens, wall_s=stats.wall_s,
+        task=task, gamma=contender.gamma, mode=contender.mode, new_tokens=stats.new_tokens, wall_s=stats.wall_s,
         tokens_per_s=stats.tokens_per_s, acceptance_rate=stats.acceptance_rate,
         mean_accepted_per_call=stats.mean_accepted_per_call, verify_ms_per_call=stats.verify_ms_per_call,
         draft_ms_per_forward=1e3 * stats.draft_s / stats.draft_calls if stats.draft_calls else None,
         target_ms_per_forward=1e3 * stats.target_s / stats.target_calls if stats.target_calls else None,
         peak_memory_mib=peak_mib,
         quality=score_quality(task, texts, references) if references else {},
-        backend=stats.backend, outputs=list(texts),
+        backend=stats.backend, outputs=list(texts), schedule=contender.schedule,
+        rounds_per_gamma=list(stats.rounds_per_gamma), mean_gamma=sum(history) / len(history) if history else None,
+        measured=stats.schedule,
     )
 
 
@@ -100,31 +132,40 @@ def score_quality(task: str, predictions: list[str], references: list[str]) -> d
 
 
 def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord]:
-    """Fill the derived fields: the measured speedup over the autoregressive record, Leviathan's
-    prediction (Theorem 3.8) from the measured α and c, and (greedy only: sampled outputs differ draw by
-    draw) the share of outputs equal to the autoregressive ones.
+    """Fill the derived fields: the measured speedup over the autoregressive record of the same thread count,
+    Leviathan's prediction (Theorem 3.8) from the measured α and c, and (greedy only: sampled outputs differ
+    draw by draw) the share of outputs equal to the autoregressive ones.
 
     α is inverted from mean_accepted_per_call (not accepted / drafted, which undercounts it: see
     speedup.acceptance_from_mean_accepted). c = draft ms per forward / target ms per forward, where
     the target's one-token step is taken from the autoregressive record when there is one (the model's
-    assumption: scoring γ+1 positions costs one target step); else from the record itself.
+    assumption: scoring γ+1 positions costs one target step); else from the record itself. pass_ratio is what
+    that assumption misses: the target's ms per call here over its one-token step. Where γ varies (auto,
+    heuristic) there is no one γ to predict for: α is the schedule's own estimate when it made one.
     """
-    ar = next((r for r in records if r.mode == "autoregressive"), None)
+    ars = {r.threads: r for r in records if r.mode == "autoregressive"}
     for r in records:
         if r.mode == "autoregressive":
             r.speedup = 1.0
             continue
+        ar = ars.get(r.threads)
         if ar is not None and ar.tokens_per_s > 0:
             r.speedup = r.tokens_per_s / ar.tokens_per_s
         if greedy and ar is not None and ar.outputs and len(r.outputs) == len(ar.outputs):
             r.same_as_autoregressive = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)
+        target_ms = ar.target_ms_per_forward if ar is not None and ar.target_ms_per_forward else r.target_ms_per_forward
+        if r.draft_ms_per_forward is not None and target_ms:
+            r.cost_ratio = r.draft_ms_per_forward / target_ms
+        if r.target_ms_per_forward and ar is not None and ar.target_ms_per_forward:
+            r.pass_ratio = r.target_ms_per_forward / ar.target_ms_per_forward
+        if r.schedule not in (None, "constant"):
+            r.alpha = (r.measured or {}).get("alpha")
+            continue
         if r.mean_accepted_per_call is None or r.gamma < 1:
             continue
         r.alpha = speedup.acceptance_from_mean_accepted(min(r.mean_accepted_per_call, r.gamma), r.gamma)
-        target_ms = ar.target_ms_per_forward if ar is not None and ar.target_ms_per_forward else r.target_ms_per_forward
-        if r.draft_ms_per_forward is None or not target_ms:
+        if r.cost_ratio is None:
             continue
-        r.cost_ratio = r.draft_ms_per_forward / target_ms
         r.predicted_speedup = speedup.walltime_speedup(r.alpha, r.gamma, r.cost_ratio)
         r.best_gamma = speedup.best_gamma(r.alpha, r.cost_ratio, options.MAX_GAMMA)
     return records
@@ -133,12 +174,13 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
 # The task tables' columns (record field, header), three tables narrow enough for 80 columns: speed;
 # acceptance and cost (the inputs of the prediction); quality (its columns are appended per task).
 TASK_SPEED_COLUMNS = (
-    ("gamma", "γ"), ("mode", "mode"), ("new_tokens", "tokens"), ("wall_s", "wall s"), ("tokens_per_s", "tok/s"),
-    ("speedup", "speedup"), ("predicted_speedup", "predicted"), ("best_gamma", "best γ"),
+    ("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("new_tokens", "tokens"), ("wall_s", "wall s"),
+    ("tokens_per_s", "tok/s"), ("speedup", "speedup"), ("predicted_speedup", "predicted"), ("best_gamma", "best γ"),
 )
 TASK_COST_COLUMNS = (
-    ("gamma", "γ"), ("mode", "mode"), ("acceptance_rate", "acc"), ("mean_accepted_per_call", "acc/call"),
-    ("alpha", "α"), ("cost_ratio", "c"), ("verify_ms_per_call", "verify ms"), ("peak_memory_mib", "peak MiB"),
+    ("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("mean_gamma", "mean γ"), ("acceptance_rate", "acc"),
+    ("alpha", "α"), ("cost_ratio", "c"), ("pass_ratio", "pass"), ("verify_ms_per_call", "verify ms"),
+    ("peak_memory_mib", "peak MiB"),
 )
-TASK_QUALITY_COLUMNS = (("gamma", "γ"), ("mode", "mode"), ("same_as_autoregressive", "= AR"))
+TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("same_as_autoregressive", "= AR"))
 TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS + TASK_QUALITY_COLUMNS))

@@ -4,7 +4,8 @@ everything its outputs need (results.py).
     config.py      what a run is asked to measure, checked first
     synthetic.py   one verification step per provider, side by side, over V × B × γ; cases.py its inputs
     runners.py     the decoding tasks: inputs, options (the CLI's defaults), one runner for all
-    contenders.py  autoregressive then γ × mode over the inputs; records, speedups, Leviathan's prediction
+    contenders.py  autoregressive then schedule × γ × mode over the inputs; records, speedups, Leviathan's
+                   prediction
     machine.py     the machine, the CPU others took, peak memory
     results.py     BenchResults, JSON, CSV; plots.py the PNGs
     kernel_check.py  `specdec verify-kernel`
@@ -29,8 +30,8 @@ def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
         warnings: list[str] | None = None) -> BenchResults:
     """Run a benchmark and gather everything its outputs need."""
     saved_threads = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    if isinstance(config, SyntheticConfig) and config.threads is not None:
+        torch.set_num_threads(config.threads)  # a task sets each thread count of its sweep (runners.run_task)
     try:
         machine = machine_info(config.device)
         if isinstance(config, SyntheticConfig):
@@ -49,7 +50,9 @@ def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
 
 
 def total_steps(config: SyntheticConfig | TaskConfig) -> int:
-    """Units of progress a run reports (grid points; for a task, γ × modes + autoregressive)."""
+    """Units of progress a run reports (grid points; for a task, its contenders at every point of its sweep)."""
     if isinstance(config, SyntheticConfig):
         return len(grid(config))
-    return len(config.gammas) * len(config.modes) + 1
+    settings = runners.task_settings(config)
+    threads = len({s.threads for s in settings})
+    return threads + len(settings) * len(config.schedules) * len(config.gammas) * len(config.modes)

@@ -7,7 +7,8 @@ tasks:      {task}-{device}-verify-vs-gamma.png      ms per verification call vs
                                                      figure 3, inside a real decoding run)
             {task}-{device}-acceptance-vs-gamma.png  acceptance rate vs γ per mode (the paper's table 8)
             {task}-{device}-speedup-vs-gamma.png     speedup over autoregressive vs γ: measured (solid) and
-                                                     Leviathan's prediction (dashed)
+                                                     Leviathan's prediction (dashed); auto over its upper
+                                                     bound (dotted)
 """
 
 from __future__ import annotations
@@ -137,9 +138,14 @@ def _mode_line(ax, g, ys, mode, label, dashed=False):
 
 
 def plot_task(results, out_dir: Path) -> list[Path]:
-    records = [r for r in results.records if r.mode != "autoregressive"]
+    """The first setting of a sweep (threads, draft); γ fixed per round (constant) except in the speedup plot,
+    where other schedules are drawn dotted over their upper bound γ."""
+    first = results.groups()[0][1]
+    spec = [r for r in first if r.mode != "autoregressive"]
+    records = [r for r in spec if r.schedule in (None, "constant")] or spec
+    others = [r for r in spec if r not in records]
     modes = list(dict.fromkeys(r.mode for r in records))
-    gammas = {r.gamma for r in records}
+    gammas = {r.gamma for r in spec}
     device = results.machine.get("device", "cpu")
     task = results.task
     paths = []
@@ -177,6 +183,12 @@ def plot_task(results, out_dir: Path) -> list[Path]:
         g, predicted = _series(records, m, "predicted_speedup")
         if g:
             _mode_line(ax, g, predicted, m, None, dashed=True)
+        for schedule in dict.fromkeys(r.schedule for r in others):
+            g, measured = _series([r for r in others if r.schedule == schedule], m, "speedup")
+            if g:
+                marker, size = MARKERS.get(m, ("o", 6))
+                ax.plot(g, measured, marker=marker, markersize=size, linestyle=":", color=COLORS.get(m),
+                        label=f"{m} {schedule} (γ: its upper bound)")
     ax.axhline(1.0, color=COLORS["autoregressive"], linestyle=":", linewidth=1)
     _gamma_axis(ax, gammas, "tokens/s over autoregressive tokens/s", legend=False)
     styles = [Line2D([], [], color="#333333", linestyle="-", label="measured"),

@@ -38,6 +38,18 @@ class BenchResults:
                 ("acceptance and cost", list(TASK_COST_COLUMNS)),
                 ("quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
 
+    def groups(self) -> list[tuple[str, list]]:
+        """The records shown together: (title, records). A task's sweep gives one group per thread count and
+        draft setting, each with the autoregressive record it is measured against."""
+        if self.task == "synthetic":
+            return [("", self.records)]
+        settings = list(dict.fromkeys((r.threads, r.draft) for r in self.records if r.mode != "autoregressive"))
+        if len(settings) <= 1:
+            return [("", self.records)]
+        return [(f"{t} thread{'s' if t != 1 else ''} · draft {d}",
+                 [r for r in self.records if r.threads == t and (r.draft == d or r.mode == "autoregressive")])
+                for t, d in settings]
+
     def to_dict(self) -> dict:
         return {
             "task": self.task,

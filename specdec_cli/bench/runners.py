@@ -8,13 +8,17 @@ loads its (target, draft), and how it decodes inputs. The tasks know nothing of 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from specdec_cli import options
-from specdec_cli.bench.contenders import WARMUP_TOKENS, Progress, TaskRecord, run_contenders
+from specdec_cli.bench.contenders import (WARMUP_TOKENS, Contender, Progress, TaskRecord, contenders_of,
+                                          run_contenders)
 from specdec_cli.decoding import GenerationStats, merge_stats
 from specdec_cli.errors import SpecdecError
 from specdec_cli.tasks import audio, summarize, transcribe
@@ -64,6 +68,25 @@ def task_options(config) -> options.DecodeOptions:
     return opts.replace(truncate=True) if hasattr(opts, "truncate") else opts
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One point of a bench sweep: the thread count and the draft's options the contenders run with."""
+
+    threads: int
+    options: options.DecodeOptions
+    draft: str  # the draft's options in words, for the tables
+
+
+def task_settings(config) -> list[Setting]:
+    """Every threads × draft-vocab × draft-quantized point of `config` (a TaskConfig); a sweep left out is the
+    task's default (for threads: torch's current count)."""
+    base = task_options(config)
+    points = itertools.product(config.threads or [torch.get_num_threads()], config.draft_vocabs or [base.draft_vocab],
+                               config.draft_quantized or [base.draft_quantized])
+    return [Setting(t, base.replace(draft_vocab=v, draft_quantized=q),
+                    f"vocab {v or 'full'}, {'quantized' if q else 'unquantized'}") for t, v, q in points]
+
+
 def examples_dir() -> Path:
     """The example inputs shipped with specdec (`examples/` of the source tree, package data of a wheel)."""
     return Path(str(resources.files("specdec_cli.examples")))
@@ -109,22 +132,34 @@ def read_inputs(task: str, paths: list[str]) -> list:
 
 
 def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
-    """Every contender of `config` (a TaskConfig) over its inputs; one TaskRecord each (contenders.aggregate
-    derives the speedups). wall_s is the decoding loops' time (prefill included; reading inputs and, for
-    transcribe, the encoder left out)."""
+    """Every contender of `config` (a TaskConfig) over its inputs, at every point of its sweep (task_settings):
+    autoregressive once per thread count, the speculative contenders once per draft setting. One TaskRecord
+    each (contenders.aggregate derives the speedups). wall_s is the decoding loops' time (prefill included;
+    reading inputs and, for transcribe, the encoder left out). Leaves torch's thread count as it found it."""
     r = RUNNERS[config.task]
     paths, refs = task_inputs(config)
     inputs = read_inputs(config.task, paths)  # every input is checked before the models load
-    opts = task_options(config)
-    target, draft = r.load_pair(opts.replace(mode=config.modes[0]), progress=False)
+    progress = progress or (lambda _msg: None)
+    records, saved = [], torch.get_num_threads()
+    try:
+        for threads, group in itertools.groupby(task_settings(config), key=lambda s: s.threads):
+            torch.set_num_threads(threads)
+            for i, setting in enumerate(group):
+                target, draft = r.load_pair(setting.options.replace(mode=config.modes[0]), progress=False)
 
-    def decode(mode: str, gamma: int, short: bool):
-        o = opts.replace(mode=mode, gamma=max(gamma, 1))
-        if short:
-            o = o.replace(max_new_tokens=min(o.max_new_tokens, WARMUP_TOKENS))
-        results = r.decode(target, None if mode == "autoregressive" else draft, inputs[:1] if short else inputs, o)
-        batches = {id(x.stats): x.stats for x in results}.values()  # the inputs of a batch share its stats
-        stats = merge_stats(batches, GenerationStats(mode, gamma, o.gamma_schedule, o.batch_size)).finish()
-        return [x.text for x in results], stats
+                def decode(c: Contender, short: bool, opts=setting.options, target=target, draft=draft):
+                    o = opts.replace(mode=c.mode, gamma=max(c.gamma, 1), gamma_schedule=c.schedule or "constant")
+                    if short:
+                        o = o.replace(max_new_tokens=min(o.max_new_tokens, WARMUP_TOKENS))
+                    results = r.decode(target, None if c.mode == "autoregressive" else draft,
+                                       inputs[:1] if short else inputs, o)
+                    batches = {id(x.stats): x.stats for x in results}.values()  # the inputs of a batch share stats
+                    stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, o.gamma_schedule, o.batch_size))
+                    return [x.text for x in results], stats.finish()
 
-    return run_contenders(config, decode, refs, progress or (lambda _msg: None))
+                records += run_contenders(config, contenders_of(config, autoregressive=i == 0), decode, refs,
+                                          progress, threads=threads, draft=setting.draft)
+                del target, draft, decode  # one pair in memory at a time
+    finally:
+        torch.set_num_threads(saved)
+    return records
