@@ -223,7 +223,9 @@ def _cell(key: str, v) -> str:
         return "—"
     if key == "best_gamma":
         return str(v)
-    if key.startswith("speedup") or key in ("predicted_speedup", "pass_ratio"):
+    if key == "pass_ratio":
+        return f"{v:.1f}×"
+    if key.startswith("speedup") or key == "predicted_speedup":
         return f"{v:.2f}×"
     if key in ("acceptance_rate", "expected_acceptance_rate", "alpha", "cost_ratio", "same_as_autoregressive") \
             or key.startswith("quality."):
@@ -250,9 +252,9 @@ def bench_table(results) -> None:
             for key, header in cols:
                 t.add_column(header, justify="left" if key in ("mode", "schedule") else "right", no_wrap=True)
             previous = None
-            for r in records:
-                group = (r.vocab, r.batch, r.gamma) if results.task == "synthetic" else (r.schedule, r.gamma)
-                if previous is not None and group != previous:
+            for k, r in enumerate(records):
+                group = (r.vocab, r.batch, r.gamma) if results.task == "synthetic" else r.schedule
+                if k and group != previous:
                     t.add_section()
                 previous = group
                 t.add_row(*(_cell(key, value(r, key)) for key, _ in cols))

@@ -172,7 +172,7 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
 
 
 # The task tables' columns (record field, header), three tables narrow enough for 80 columns: speed;
-# acceptance and cost (the inputs of the prediction); quality (its columns are appended per task).
+# acceptance and cost (the inputs of the prediction); memory and quality (its columns are appended per task).
 TASK_SPEED_COLUMNS = (
     ("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("new_tokens", "tokens"), ("wall_s", "wall s"),
     ("tokens_per_s", "tok/s"), ("speedup", "speedup"), ("predicted_speedup", "predicted"), ("best_gamma", "best γ"),
@@ -180,7 +180,7 @@ TASK_SPEED_COLUMNS = (
 TASK_COST_COLUMNS = (
     ("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("mean_gamma", "mean γ"), ("acceptance_rate", "acc"),
     ("alpha", "α"), ("cost_ratio", "c"), ("pass_ratio", "pass"), ("verify_ms_per_call", "verify ms"),
-    ("peak_memory_mib", "peak MiB"),
 )
-TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("same_as_autoregressive", "= AR"))
+TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("peak_memory_mib", "peak MiB"),
+                        ("same_as_autoregressive", "= AR"))
 TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS + TASK_QUALITY_COLUMNS))

@@ -36,7 +36,7 @@ class BenchResults:
         keys = list(dict.fromkeys(k for r in self.records for k in r.quality))
         return [("speed: measured over autoregressive, and predicted from α and c", list(TASK_SPEED_COLUMNS)),
                 ("acceptance and cost", list(TASK_COST_COLUMNS)),
-                ("quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
+                ("memory and quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
 
     def groups(self) -> list[tuple[str, list]]:
         """The records shown together: (title, records). A task's sweep gives one group per thread count and
