@@ -345,7 +345,7 @@ def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, alph
     draft_tokens, draft_probs, draft_logits = draft(
         draft_dec, slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid"), stop_below=stop_below
     )
-    g = draft_tokens.shape[1]
+    asked, g = g, draft_tokens.shape[1]  # the draft may stop early
     t1 = _clock(device)
     target_logits = _fit_vocab(score(target, slots, start), vocab)  # [B, γ+1, V]
     t2 = _clock(device)
@@ -354,7 +354,7 @@ def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, alph
     )
     accepted = verified.accepted()  # the one host sync of the round
     t3 = _clock(device)
-    return verified.out_tokens, Round(g, accepted, draft_s=t1 - t0, target_s=t2 - t1, verify_s=t3 - t2,
+    return verified.out_tokens, Round(g, accepted, asked, draft_s=t1 - t0, target_s=t2 - t1, verify_s=t3 - t2,
                                       catch_up=catch_up, backend=verified.backend)
 
 

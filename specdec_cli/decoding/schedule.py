@@ -10,17 +10,23 @@ chooses, every token is still verified against the target: greedy output stays t
 output keeps the target's distribution. Under `auto` the choice depends on measured times, so sampled
 tokens differ between runs with the same seed (their distribution does not); `constant` repeats them.
 
-The cost model of `auto` (Leviathan et al. 2023, §3.4), per round of γ draft tokens:
+The cost model of `auto` (after Leviathan et al. 2023, §3.4), for a round that asks for γ draft tokens:
 
-    expected tokens  E(γ) = (1 − α^(γ+1)) / (1 − α)       α: the chance a draft token is accepted
-    cost             C(γ) = γ·t_draft + t_target(γ+1) + t_verify
+    expected tokens  E(γ) = 1 + Σ_{j=1..γ} D(j)·S(j)
+    cost             C(γ) = d(γ)·t_draft + t_target(d(γ) + 1) + t_verify,   d(γ) = Σ_{j=1..γ} D(j)
     γ = 0            E = 1, C = t_target(1)
 
-t_draft is one draft step, t_target(k) the target's pass over k tokens (measured at the k seen, linear
-between them), t_verify one verification; all are running averages, α a decaying count of accepted over
-tested draft tokens. Whether to speculate at all is decided at α half a standard error higher. While plain
-steps win, a speculative round is tried now and then (after 8 plain steps, then 16, ... up to 256) to see
-whether α or the costs moved.
+S(j) is the chance that draft tokens 1..j are all accepted and D(j) that the draft proposes a j-th token at
+all (--draft-stop ends a round early where the draft is unsure). Both are measured position by position,
+as survival curves of decaying counts, each position starting from a prior of two tokens at the overall
+rate: with independent acceptance α, S(j) = α^j and E is Leviathan's (1 − α^(γ+1)) / (1 − α); measured,
+they also see that acceptance comes in runs (a draft that got 4 tokens right is likelier to get the 5th).
+t_draft is one draft step, t_target(k) the target's pass over k tokens: a plain step for k = 1 (a one-row
+matrix product may take another kernel), a line fitted to the recent passes for k ≥ 2; t_verify one
+verification. Times are running averages that clip a sample more than 1.5× above the estimate (another
+process took the CPU). Whether to speculate at all is decided with S half a standard error higher. While
+plain steps win, a speculative round is tried now and then (after 8 plain steps, then 16, ... up to 256) to
+see whether the draft or the costs moved.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class Round:
 
     gamma: int  # draft tokens scored (0: a plain step of the target)
     accepted: list[int]  # per row: draft tokens accepted
+    asked: int | None = None  # the γ the schedule asked for (the draft may stop before it); default: gamma
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
@@ -71,10 +78,11 @@ class Heuristic(Constant):
 
 class _Average:
     """A running average that forgets: the first value is kept only until a second, smaller one (the
-    first call of a shape may pay one-off set-up), then each new value moves it by `weight`."""
+    first call of a shape may pay one-off set-up), then each new value moves it by `weight`; from the third
+    on, a value above `clip`× the average counts as `clip`× (another process took the CPU meanwhile)."""
 
-    def __init__(self, weight: float = 0.25):
-        self.weight, self.value, self.count = weight, None, 0
+    def __init__(self, weight: float = 0.25, clip: float = 1.5):
+        self.weight, self.clip, self.value, self.count = weight, clip, None, 0
 
     def add(self, x: float) -> None:
         if self.count == 0:
@@ -82,8 +90,66 @@ class _Average:
         elif self.count == 1:
             self.value = min(self.value, x)
         else:
-            self.value += self.weight * (x - self.value)
+            self.value += self.weight * (min(x, self.clip * self.value) - self.value)
         self.count += 1
+
+
+class _Line:
+    """t ≈ a + b·k, fitted by least squares to recent (k, t) with weights that decay by `decay` per sample;
+    b ≥ 0. Samples above `clip`× the line's value count as `clip`× it."""
+
+    def __init__(self, decay: float = 0.95, clip: float = 1.5):
+        self.decay, self.clip, self.count = decay, clip, 0
+        self.w = self.wk = self.wkk = self.wt = self.wkt = 0.0
+
+    def add(self, k: int, t: float) -> None:
+        if self.count >= 3:
+            t = min(t, self.clip * self(k))
+        d = self.decay
+        self.w, self.wk, self.wkk = d * self.w + 1, d * self.wk + k, d * self.wkk + k * k
+        self.wt, self.wkt = d * self.wt + t, d * self.wkt + k * t
+        self.count += 1
+
+    def slope(self) -> float:
+        spread = self.w * self.wkk - self.wk**2
+        return max(0.0, (self.w * self.wkt - self.wk * self.wt) / spread) if spread > 1e-9 * self.w**2 else 0.0
+
+    def __call__(self, k: float) -> float:
+        return self.wt / self.w + self.slope() * (k - self.wk / self.w)
+
+
+class _Survival:
+    """P(reaching position j) for j = 1..n as a product of per-position pass rates, each from decaying counts
+    (`decay` per round) plus a prior of `prior` trials at the pooled rate."""
+
+    def __init__(self, n: int, decay: float = 0.99, prior: float = 2.0):
+        self.decay, self.prior = decay, prior
+        self.trials, self.passed = [0.0] * (n + 1), [0.0] * (n + 1)  # [j]: 1-based positions
+
+    def add(self, tried: int, passed: int) -> None:
+        """One trial that came to positions 1..tried (it passed each before), passing 1..passed (≤ tried)."""
+        for j in range(1, len(self.trials)):
+            self.trials[j] *= self.decay
+            self.passed[j] *= self.decay
+        for j in range(1, tried + 1):
+            self.trials[j] += 1
+            self.passed[j] += j <= passed
+
+    @property
+    def rate(self) -> float:
+        """The pooled pass rate, with one pass in two trials as its own prior."""
+        return (sum(self.passed) + 1.0) / (sum(self.trials) + 2.0)
+
+    def curve(self, n: int, lift: float = 0.0) -> list[float]:
+        """[P(reach 1), ..., P(reach n)]; lift: standard errors added to the pooled rate (the prior of every
+        position, and all a little-tried position has)."""
+        pooled = self.rate
+        pooled = min(1.0, pooled + lift * math.sqrt(pooled * (1.0 - pooled) / (sum(self.trials) + 2.0)))
+        out, s = [], 1.0
+        for j in range(1, n + 1):
+            s *= (self.passed[j] + self.prior * pooled) / (self.trials[j] + self.prior)
+            out.append(s)
+        return out
 
 
 @dataclass
@@ -94,14 +160,13 @@ class Auto:
     calibrate_gamma: int = 3  # the first round's γ: a few draft tokens, cheap if speculation does not pay
     probe_first: int = 8  # plain steps before a speculative round is tried again
     probe_last: int = 256
-    decay: float = 0.99  # per draft token tested, of α's counts (α follows the last ~100 tokens)
-    hope: float = 0.5  # standard errors added to α when deciding whether to speculate at all
+    decay: float = 0.99  # per round, of the acceptance and drafting counts
+    hope: float = 0.5  # standard errors added to acceptance when deciding whether to speculate at all
     name: str = "auto"
     draft_step: _Average = field(default_factory=_Average)
     verify: _Average = field(default_factory=_Average)
-    passes: dict[int, _Average] = field(default_factory=dict)  # k tokens scored -> the target's pass time
-    accepted: float = 1.0  # decaying counts, with a prior of α = 1/2 worth two tokens
-    tested: float = 2.0
+    step: _Average = field(default_factory=_Average)  # the target's plain step (one token)
+    passes: _Line = field(default_factory=_Line)  # the target's pass over k ≥ 2 tokens
     plain_run: int = 0  # plain steps since the last speculative round
     probe_every: int = 0
 
@@ -109,78 +174,66 @@ class Auto:
         options.check_gamma(self.gamma_max)
         self.probe_every = self.probe_first
         self._probing = False
+        self.accepts = _Survival(self.gamma_max, self.decay)  # S(j): draft tokens 1..j accepted
+        self.drafts = _Survival(self.gamma_max, self.decay)  # D(j): the draft proposed a j-th token
+        self.seen: dict[int, _Average] = {}  # k -> the target's pass over k tokens, as measured (for the stats)
 
     # -- what was measured
 
     @property
     def alpha(self) -> float:
-        return self.accepted / self.tested
+        """The share of tested draft tokens accepted."""
+        return self.accepts.rate
 
     def observe(self, r: Round) -> None:
-        self.passes.setdefault(r.gamma + 1, _Average()).add(r.target_s)
+        self.seen.setdefault(r.gamma + 1, _Average()).add(r.target_s)
         if r.gamma == 0:
+            self.step.add(r.target_s)
             self.plain_run += 1
             return
         self.plain_run = 0
+        self.passes.add(r.gamma + 1, r.target_s)
         if r.catch_up <= 2:  # after plain steps the draft's first step reads them all: not a draft step's cost
             self.draft_step.add(r.draft_s / r.gamma)
         self.verify.add(r.verify_s)
-        # each row tested its tokens up to and including the first rejected one
-        tested = sum(a + (a < r.gamma) for a in r.accepted)
-        forget = self.decay ** tested
-        self.accepted = forget * self.accepted + sum(r.accepted)
-        self.tested = forget * self.tested + tested
+        asked = r.gamma if r.asked is None else r.asked
+        self.drafts.add(min(r.gamma + 1, asked), r.gamma)  # the draft went on to token j, or stopped there
+        for a in r.accepted:  # each row tested its tokens up to and including the first rejected one
+            self.accepts.add(min(a + 1, r.gamma), a)
         if self._probing:  # the probe says speculation still loses: wait longer before the next one
             self._probing = False
-            best = self.best()
-            self.probe_every = min(2 * self.probe_every, self.probe_last) if best == 0 else self.probe_first
+            self.probe_every = min(2 * self.probe_every, self.probe_last) if self.best() == 0 else self.probe_first
 
-    def pass_s(self, k: int) -> float:
-        """The target's pass over k tokens: measured, linear between measured k, and beyond the largest the
-        slope from the smallest to the largest (never decreasing)."""
-        ks = sorted(self.passes)
-        at = {j: self.passes[j].value for j in ks}
-        if k in at:
-            return at[k]
-        below, above = [j for j in ks if j < k], [j for j in ks if j > k]
-        if not below:
-            return at[above[0]]
-        lo = below[-1]
-        if above:
-            hi = above[0]
-            return at[lo] + (at[hi] - at[lo]) * (k - lo) / (hi - lo)
-        slope = max(0.0, (at[ks[-1]] - at[ks[0]]) / (ks[-1] - ks[0])) if len(ks) > 1 else 0.0
-        return at[lo] + slope * (k - lo)
+    def pass_s(self, k: float) -> float:
+        """The target's pass over k tokens: the plain step for k = 1, the fitted line for k ≥ 2 (the step, or
+        the line, standing in for the other until both were measured)."""
+        if k <= 1 or self.passes.count == 0:
+            return self.step.value
+        return self.passes(k)
 
-    @property
-    def alpha_hopeful(self) -> float:
-        """α plus `hope` standard errors: whether to speculate at all leans toward yes while few tokens were
-        tested, so that an unlucky start does not shut speculation out, and settles as the count grows.
-        (Simulated, tests/test_schedule.py: 0 lets one bad first round cost 20 % on a machine where γ = 2 pays
-        1.27×; 1 lets γ = 1 rounds run where they lose 6 %.)"""
-        a = self.alpha
-        return min(1.0, a + self.hope * math.sqrt(a * (1.0 - a) / self.tested))
-
-    def rate(self, gamma: int, alpha: float | None = None) -> float:
-        """Expected tokens per second of a round of γ (per row), at acceptance `alpha` (default: the estimate)."""
-        if gamma == 0:
-            return 1.0 / self.pass_s(1)
-        a = min(self.alpha if alpha is None else alpha, 1.0 - 1e-9)
-        tokens = (1.0 - a ** (gamma + 1)) / (1.0 - a)
-        cost = gamma * self.draft_step.value + self.pass_s(gamma + 1) + self.verify.value
-        return tokens / cost
+    def rates(self, lift: float = 0.0) -> list[float]:
+        """[expected tokens per second (per row) of a round asking for γ] for γ = 0..gamma_max; lift: standard
+        errors added to each position's acceptance."""
+        drafted = self.drafts.curve(self.gamma_max)  # D(j)
+        accepted = self.accepts.curve(self.gamma_max, lift)  # S(j)
+        out, tokens, d = [1.0 / self.pass_s(1)], 1.0, 0.0
+        for dj, sj in zip(drafted, accepted):
+            tokens, d = tokens + dj * sj, d + dj
+            out.append(tokens / (d * self.draft_step.value + self.pass_s(1 + d) + self.verify.value))
+        return out
 
     def best(self, least: int = 0) -> int:
-        """The best γ ≥ 1 at the estimated α; 0 instead when even the hopeful α says plain steps are faster."""
-        g = max(range(1, self.gamma_max + 1), key=self.rate)
-        return g if least > 0 or self.rate(g, self.alpha_hopeful) > self.rate(0) else 0
+        """The best γ ≥ 1; 0 instead when even a hopeful acceptance says plain steps are faster."""
+        rates = self.rates()
+        g = max(range(1, self.gamma_max + 1), key=rates.__getitem__)
+        return g if least > 0 or self.rates(self.hope)[g] > rates[0] else 0
 
     # -- the choice
 
     def next(self) -> int:
         if self.draft_step.value is None or self.verify.value is None:
             return min(self.calibrate_gamma, self.gamma_max)  # nothing measured yet: a short round
-        if 1 not in self.passes:
+        if self.step.value is None:
             return 0  # then one plain step, to know what speculation competes with
         best = self.best()
         if best == 0 and self.plain_run >= self.probe_every:
@@ -190,16 +243,19 @@ class Auto:
 
     def estimates(self) -> dict:
         """What the choice rests on, for --json and the bench: c = draft step / target step, the pass-cost
-        ratios t_target(k)/t_target(1), α."""
-        one = self.pass_s(1) if self.passes else None
+        ratios t_target(k)/t_target(1) as measured, α, and the survival curves S and D."""
+        one = self.step.value
+        seen = {k: a.value for k, a in sorted(self.seen.items())}
         return {
             "alpha": self.alpha,
             "draft_step_ms": None if self.draft_step.value is None else 1e3 * self.draft_step.value,
             "verify_ms": None if self.verify.value is None else 1e3 * self.verify.value,
             "target_step_ms": None if one is None else 1e3 * one,
-            "target_pass_ms": {k: 1e3 * self.passes[k].value for k in sorted(self.passes)},
+            "target_pass_ms": {k: 1e3 * t for k, t in seen.items()},
             "c": None if one is None or self.draft_step.value is None else self.draft_step.value / one,
-            "pass_ratio": {k: self.passes[k].value / one for k in sorted(self.passes)} if one else {},
+            "pass_ratio": {k: t / one for k, t in seen.items()} if one else {},
+            "accepted_through": self.accepts.curve(self.gamma_max),
+            "drafted_through": self.drafts.curve(self.gamma_max),
             "probe_every": self.probe_every,
         }
 
