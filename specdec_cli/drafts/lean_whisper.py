@@ -120,8 +120,8 @@ class LeanDraft(Decoder):
     def reset(self) -> None:
         k = self.kv[0][0]
         shape = (len(self.layers), k.shape[0], self.heads, 64, self.head_dim)  # [layers, B, heads, slots, head_dim]
-        self.keys = k.new_empty(shape)
-        self.values = k.new_empty(shape)
+        self.keys = k.new_empty(shape, dtype=self.embed.dtype)
+        self.values = k.new_empty(shape, dtype=self.embed.dtype)
         self.length = 0
 
     def _grow(self, slots: int) -> None:
@@ -156,7 +156,8 @@ class LeanDraft(Decoder):
             x = x + linear(a.transpose(1, 2).reshape(B, T, d), p["out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm2"])
             q = linear(h, p["q"]).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
-            a = nn.functional.scaled_dot_product_attention(q, *self.kv[i], scale=1.0)  # [B, heads, T, head_dim]
+            k, v = self.kv[i]  # in models.whisper.cross_attention_dtype
+            a = nn.functional.scaled_dot_product_attention(q.to(k.dtype), k, v, scale=1.0).to(q.dtype)  # [B, heads, T, head_dim]
             x = x + linear(a.transpose(1, 2).reshape(B, T, d), p["cross_out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm3"])
             x = x + linear(self.activation(linear(h, p["fc1"])), p["fc2"])
