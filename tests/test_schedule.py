@@ -95,6 +95,7 @@ MACHINES = {
     "near perfect": (0.97, 0.05, 0.03, 0.01),
     "summarize, AMD EPYC": (0.65, 0.2, 0.04, 0.005, {"alpha_run": 0.9, "stop": 0.15, "p2": 0.85, "outlier": 20}),
     "transcribe, AMD EPYC": (0.9, 0.4, 0.3, 0.03, {"alpha_run": 0.95, "stop": 0.2, "p2": 1.4, "outlier": 20}),
+    "long runs, cheap passes": (0.8, 0.25, 0.06, 0.01, {"alpha_run": 0.97, "stop": 0.05, "p2": 1.3, "outlier": 20}),
 }
 
 

@@ -26,7 +26,8 @@ matrix product may take another kernel), a line fitted to the recent passes for 
 verification. Times are running averages that clip a sample more than 1.5× above the estimate (another
 process took the CPU). Whether to speculate at all is decided with S half a standard error higher. While
 plain steps win, a speculative round is tried now and then (after 8 plain steps, then 16, ... up to 256) to
-see whether the draft or the costs moved.
+see whether the draft or the costs moved; while speculation wins, one round in 8 asks for about 1.5× the
+best γ, so that the passes and acceptance beyond it are measured, not guessed.
 """
 
 from __future__ import annotations
@@ -162,12 +163,14 @@ class Auto:
     probe_last: int = 256
     decay: float = 0.99  # per round, of the acceptance and drafting counts
     hope: float = 0.5  # standard errors added to acceptance when deciding whether to speculate at all
+    explore_every: int = 8  # one speculative round in this many asks for ~1.5× the best γ
     name: str = "auto"
     draft_step: _Average = field(default_factory=_Average)
     verify: _Average = field(default_factory=_Average)
     step: _Average = field(default_factory=_Average)  # the target's plain step (one token)
     passes: _Line = field(default_factory=_Line)  # the target's pass over k ≥ 2 tokens
     plain_run: int = 0  # plain steps since the last speculative round
+    rounds: int = 0  # speculative rounds observed
     probe_every: int = 0
 
     def __post_init__(self):
@@ -192,6 +195,7 @@ class Auto:
             self.plain_run += 1
             return
         self.plain_run = 0
+        self.rounds += 1
         self.passes.add(r.gamma + 1, r.target_s)
         if r.catch_up <= 2:  # after plain steps the draft's first step reads them all: not a draft step's cost
             self.draft_step.add(r.draft_s / r.gamma)
@@ -239,6 +243,8 @@ class Auto:
         if best == 0 and self.plain_run >= self.probe_every:
             self._probing = True
             return self.best(least=1)
+        if best and self.rounds % self.explore_every == self.explore_every - 1:
+            return min(self.gamma_max, best + max(2, best // 2))  # see past the best γ now and then
         return best
 
     def estimates(self) -> dict:
