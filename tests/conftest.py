@@ -170,6 +170,13 @@ def sample_many(target, draft, prompt, params, **kw) -> list[list[int]]:
     return tokens, (accepted / drafted if drafted else None)
 
 
+def sample_one_by_one(target, draft, prompt, runs: int, **kw) -> list:
+    """`runs` B = 1 decodes of one prompt at temperature 1, seeds 0..runs−1 (each run's own rounds decide its
+    γ or its early stops) -> their GenerationResults."""
+    return [generate(target, draft, prompt, params=SamplingParams(temperature=1.0, seed=seed), **kw)
+            for seed in range(runs)]
+
+
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 
 from conftest import (
     GREEDY, PROMPT, ROOT, PROMPTS, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair,
-    sample_many,
+    sample_many, sample_one_by_one,
 )
 from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate
 from specdec_cli.decoding.sampling import SamplingParams
@@ -361,12 +361,10 @@ def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(smal
     prompt = torch.tensor([[1, 6, 2, 3]])
     params = SamplingParams(temperature=1.0, seed=41)
     joint = exact_first_two(target, prompt, params)
-    tokens, stopped = [], 0
-    for seed in range(3000):
-        got = generate(target, draft, prompt, mode="exact", gamma=3, max_new_tokens=3, draft_stop_below=0.6,
-                       params=SamplingParams(temperature=1.0, seed=seed))
-        tokens += got.tokens
-        stopped += got.stats.gamma_history[0] < 2  # the first round may draft 2 (3 new tokens at most)
+    runs = sample_one_by_one(target, draft, prompt, 3000, mode="exact", gamma=3, max_new_tokens=3,
+                             draft_stop_below=0.6)
+    tokens = [t for got in runs for t in got.tokens]
+    stopped = sum(got.stats.gamma_history[0] < 2 for got in runs)  # the first round may draft 2 (3 new tokens at most)
     assert stopped > 300, "the rule really ends rounds early"
     assert first_two_pvalue(tokens, joint) > 1e-3
 

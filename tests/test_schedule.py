@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from conftest import GREEDY, PROMPT, autoregressive, exact_first_two, first_two_pvalue, make_pair, sample_many
+from conftest import (GREEDY, PROMPT, autoregressive, exact_first_two, first_two_pvalue, make_pair, sample_many,
+                      sample_one_by_one)
 from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.decoding.schedule import Auto, Constant, Heuristic, Round, make
@@ -243,12 +244,10 @@ def test_sampling_keeps_the_targets_distribution_when_gamma_depends_on_the_past(
     prompt = torch.tensor([[1, 6, 2, 3]])
     params = SamplingParams(temperature=1.0, seed=0)
     joint = exact_first_two(target, prompt, params)
-    tokens, plain = [], 0
-    for seed in range(4000):
-        got = generate(target, draft, prompt, mode="exact", gamma=2, gamma_schedule=Scripted(), max_new_tokens=3,
-                       params=SamplingParams(temperature=1.0, seed=seed))
-        tokens += got.tokens
-        plain += got.stats.rounds_per_gamma[0] > 0
+    runs = sample_one_by_one(target, draft, prompt, 4000, mode="exact", gamma=2, gamma_schedule=Scripted(),
+                             max_new_tokens=3)
+    tokens = [t for got in runs for t in got.tokens]
+    plain = sum(got.stats.rounds_per_gamma[0] > 0 for got in runs)
     assert 400 < plain < 3600, "both branches of the schedule ran"
     assert first_two_pvalue(tokens, joint) > 1e-3
 

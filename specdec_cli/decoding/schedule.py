@@ -167,7 +167,6 @@ class Auto:
     name: str = "auto"
     draft_step: _Average = field(default_factory=_Average)
     verify: _Average = field(default_factory=_Average)
-    step: _Average = field(default_factory=_Average)  # the target's plain step (one token)
     passes: _Line = field(default_factory=_Line)  # the target's pass over k ≥ 2 tokens
     plain_run: int = 0  # plain steps since the last speculative round
     rounds: int = 0  # speculative rounds observed
@@ -179,7 +178,7 @@ class Auto:
         self._probing = False
         self.accepts = _Survival(self.gamma_max, self.decay)  # S(j): draft tokens 1..j accepted
         self.drafts = _Survival(self.gamma_max, self.decay)  # D(j): the draft proposed a j-th token
-        self.seen: dict[int, _Average] = {}  # k -> the target's pass over k tokens, as measured (for the stats)
+        self.seen: dict[int, _Average] = {}  # k -> the target's pass over k tokens, as measured; k = 1: a plain step
 
     # -- what was measured
 
@@ -191,7 +190,6 @@ class Auto:
     def observe(self, r: Round) -> None:
         self.seen.setdefault(r.gamma + 1, _Average()).add(r.target_s)
         if r.gamma == 0:
-            self.step.add(r.target_s)
             self.plain_run += 1
             return
         self.plain_run = 0
@@ -208,11 +206,16 @@ class Auto:
             self._probing = False
             self.probe_every = min(2 * self.probe_every, self.probe_last) if self.best() == 0 else self.probe_first
 
+    @property
+    def step_s(self) -> float | None:
+        """The target's plain step (one token), as measured."""
+        return self.seen[1].value if 1 in self.seen else None
+
     def pass_s(self, k: float) -> float:
         """The target's pass over k tokens: the plain step for k = 1, the fitted line for k ≥ 2 (the step, or
         the line, standing in for the other until both were measured)."""
         if k <= 1 or self.passes.count == 0:
-            return self.step.value
+            return self.step_s
         return self.passes(k)
 
     def rates(self, lift: float = 0.0) -> list[float]:
@@ -237,7 +240,7 @@ class Auto:
     def next(self) -> int:
         if self.draft_step.value is None or self.verify.value is None:
             return min(self.calibrate_gamma, self.gamma_max)  # nothing measured yet: a short round
-        if self.step.value is None:
+        if self.step_s is None:
             return 0  # then one plain step, to know what speculation competes with
         best = self.best()
         if best == 0 and self.plain_run >= self.probe_every:
@@ -250,7 +253,7 @@ class Auto:
     def estimates(self) -> dict:
         """What the choice rests on, for --json and the bench: c = draft step / target step, the pass-cost
         ratios t_target(k)/t_target(1) as measured, α, and the survival curves S and D."""
-        one = self.step.value
+        one = self.step_s
         seen = {k: a.value for k, a in sorted(self.seen.items())}
         return {
             "alpha": self.alpha,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_cli import options
+from specdec_cli import internals, options
 from specdec_cli.errors import SpecdecError, first_line
 from specdec_cli.models import whisper_convert
 from specdec_cli.models.loading import Family, LoadedModel, load_model
@@ -30,8 +30,6 @@ def cross_attention_dtype(model) -> torch.dtype:
     against 89 µs with two), so the frames' keys and values are kept in fp32 once per window (cross_kv) and
     each query is cast up (its output back down). The target's steps and passes, and the lean draft, all
     compute so: one rule, so that autoregressive and speculative decoding compute alike."""
-    from specdec_cli import internals
-
     low = model.dtype in (torch.bfloat16, torch.float16)
     sdpa = internals.attention_implementation(model.config) == "sdpa"
     return torch.float32 if low and sdpa and model.device.type == "cpu" else model.dtype

@@ -179,8 +179,8 @@ class WindowDecoder(Seq2SeqDecoder):
 def _sdpa_by_rows(module, query, key, value, attention_mask, **kwargs):
     """Attention for queries [B, heads, T, head_dim], one query row at a time (step_attention) over
     exactly the keys a one-token step would see: the first S − (T−1−r) for row r of a causal self-attention,
-    all S for cross-attention; a mask row that hides nothing is dropped, as transformers drops it for one
-    token. -> ([B, T, heads, head_dim], None), each row bit for bit a one-token step's."""
+    all S for cross-attention (step_attention drops a mask row that hides nothing, as transformers does for
+    one token). -> ([B, T, heads, head_dim], None), each row bit for bit a one-token step's."""
     T, S = query.shape[2], key.shape[2]
     if T == 1:
         return step_attention(module, query, key, value, attention_mask, **kwargs)
@@ -188,7 +188,6 @@ def _sdpa_by_rows(module, query, key, value, attention_mask, **kwargs):
     for r in range(T):
         end = S - (T - 1 - r) if module.is_causal else S
         mask = None if attention_mask is None else attention_mask[:, :, r : r + 1, :end]
-        mask = internals.sdpa_mask_for_one_query(mask)
         rows.append(step_attention(module, query[:, :, r : r + 1], key[:, :, :end], value[:, :, :end], mask,
                                         **kwargs)[0])
     return torch.cat(rows, 1), None
