@@ -7,6 +7,8 @@ acceptance uniforms are inputs (u[:, :γ]) instead of `torch.rand`, and the mult
 generator seeded from u[:, γ], so the result is a deterministic function of the inputs (the same
 accept/reject decisions as the reference; the drawn token from the same distribution, but not the same
 draw). A zero draft probability is never accepted (transformers would accept it: p/0 = inf). Batched.
+A deterministic draft (draft_probs None) becomes the one-hot [B, γ, V] tensor a library without a one-hot
+path would build.
 """
 
 import torch
@@ -17,7 +19,13 @@ def verify_baseline(draft_tokens, draft_probs, target_logits, uniforms, temperat
     rows = torch.arange(B, device=draft_tokens.device)[:, None]  # [B, 1]
     cols = torch.arange(gamma, device=draft_tokens.device)[None, :]  # [1, γ]
     # full softmax of both models, as transformers does
-    q = draft_probs.float() if draft_logits is None else (draft_logits.float() / temperature).softmax(dim=-1)  # [B, γ, V]
+    V = target_logits.shape[-1]
+    if draft_logits is not None:
+        q = (draft_logits.float() / temperature).softmax(dim=-1)  # [B, γ, V]
+    elif draft_probs is None:
+        q = torch.nn.functional.one_hot(draft_tokens, V).float()  # [B, γ, V]
+    else:
+        q = draft_probs.float()  # [B, γ, V]
     p = (target_logits.float() / temperature).softmax(dim=-1)  # [B, γ+1, V]
     if torch.isnan(p).any():
         from specdec_cli.errors import NonFiniteLogitsError

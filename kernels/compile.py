@@ -2,8 +2,8 @@
 
 Triton compiles ahead of time for a target it is told (`triton.compile(ASTSource(...), target=GPUTarget(...))`,
 ptxas from the Triton wheel), so compile errors, unsupported ops, register pressure and spills show in CI.
-Every plan the launcher (exact.launch) can choose is compiled: each logits dtype, and each (GAMMA_P2,
-SPLITS_P2, BLOCK) that exact._plan gives for V ∈ {32 000, 51 865, 151 936, 262 144}, B ∈ {1, 8, 64} and
+Every plan the launcher (exact.launch) can choose is compiled: each logits dtype, a model draft and a
+deterministic one (exact: ONE_HOT), and each (GAMMA_P2, SPLITS_P2, BLOCK) that exact._plan gives for V ∈ {32 000, 51 865, 151 936, 262 144}, B ∈ {1, 8, 64} and
 γ ∈ {1, 5, 10, 20, 32} on that GPU's SM count.
 
 The kernels must be decorated with TRITON_INTERPRET unset, which specdec_cli does not do on a machine without
@@ -48,23 +48,25 @@ def plans(arch: str, mode: str) -> list[dict]:
                     for b in sorted({b for _, _, b in shapes})]
         for kernel in ("_accept_weights_kernel", "_draw_kernel"):
             out += [{"kernel": kernel, "dtype": dtype,
-                     "constexprs": {"GAMMA_P2": g, "SPLITS_P2": s, "BLOCK": b, "SIGMOID": mode == "sigmoid"}}
-                    for g, s, b in sorted(shapes)]
+                     "constexprs": {"GAMMA_P2": g, "SPLITS_P2": s, "BLOCK": b, "SIGMOID": mode == "sigmoid",
+                                    "ONE_HOT": one_hot}}
+                    for one_hot in ((False, True) if mode == "exact" else (False,)) for g, s, b in sorted(shapes)]
     return out
 
 
-def signature(kernel: str, dtype: str, sigmoid: bool) -> dict[str, str]:
+def signature(kernel: str, dtype: str, sigmoid: bool, one_hot: bool = False) -> dict[str, str]:
     """Triton's types of every argument, as exact.launch passes them (sizes and strides fit 32 bits on the
     GRID; the constexprs are named, not typed)."""
     z = f"*{DTYPES[dtype]}"
-    q = z if sigmoid else "*fp32"  # sigmoid reads the draft's logits, exact its probabilities
+    q = z if sigmoid else "*i64" if one_hot else "*fp32"  # the draft's logits, its probabilities, or (unread) tokens
     strides = {f"stride_{k}": "i32" for k in ("tb", "tc", "qb", "qc", "zb", "zc", "ub", "uc")}
     scalars = {"inv_t": "fp32", "alpha": "fp32", "beta": "fp32"}
     sizes = {"gamma": "i32", "V": "i32", "chunk": "i32", "SPLITS": "i32"}
     if kernel == "_row_stats_kernel":
         return {"logits_ptr": z, "max_ptr": "*fp32", "sum_ptr": "*fp32", "bad_ptr": "*i32", **sizes,
                 "stride_zb": "i32", "stride_zc": "i32", "inv_t": "fp32", "BLOCK": "constexpr"}
-    meta = {"GAMMA_P2": "constexpr", "SPLITS_P2": "constexpr", "BLOCK": "constexpr", "SIGMOID": "constexpr"}
+    meta = {"GAMMA_P2": "constexpr", "SPLITS_P2": "constexpr", "BLOCK": "constexpr", "SIGMOID": "constexpr",
+            "ONE_HOT": "constexpr"}
     if kernel == "_accept_weights_kernel":
         pointers = {"tokens_ptr": "*i64", "draft_ptr": q, "logits_ptr": z, "u_ptr": "*fp32", "max_ptr": "*fp32",
                     "sum_ptr": "*fp32", "n_ptr": "*i64", "lse_ptr": "*fp32", "wsum_ptr": "*fp64", "psum_ptr": "*fp64",
@@ -86,13 +88,13 @@ def compile_one(job: tuple[str, dict]) -> dict:
     from specdec_cli.kernels import exact
 
     fn = getattr(exact, plan["kernel"])
-    sigmoid = plan["constexprs"].get("SIGMOID", False)
+    sigmoid, one_hot = plan["constexprs"].get("SIGMOID", False), plan["constexprs"].get("ONE_HOT", False)
     start = time.perf_counter()
     report = {**plan, "arch": arch}
     log = io.StringIO()
     try:
         with contextlib.redirect_stdout(log):  # ptxas -v, printed by Triton with TRITON_DUMP_PTXAS_LOG=1
-            src = ASTSource(fn=fn, signature=signature(plan["kernel"], plan["dtype"], sigmoid),
+            src = ASTSource(fn=fn, signature=signature(plan["kernel"], plan["dtype"], sigmoid, one_hot),
                             constexprs=plan["constexprs"])
             compiled = triton.compile(src, target=GPUTarget("cuda", ARCHS[arch][0], 32))
         text = log.getvalue()

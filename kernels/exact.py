@@ -28,6 +28,7 @@ elementwise, so stage 1 is not needed at all.
 """
 
 import math
+from typing import Optional
 
 import torch
 import triton
@@ -106,13 +107,15 @@ def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, tempe
     """The CPU path: sequence by sequence, row by row, stopping at the first rejection. On a CPU a
     branch costs nothing and a row's log-sum-exp is nearly all of the work, so no row after a
     sequence's first rejection is read, and the rule's scalars are Python floats (as in the
-    reference). A NaN in a row that is never read cannot change the output and is not reported."""
+    reference). A NaN in a row that is never read cannot change the output and is not reported.
+    draft_probs None: a deterministic draft, q one-hot at the draft token (q(x) = 1; residual = p without x)."""
     B, gamma = draft_tokens.shape
     V = target_logits.shape[-1]
     inv_t = 1.0 / temperature
     x = draft_tokens[..., None]  # [B, γ, 1]
     z_x = target_logits[:, :gamma].gather(-1, x)[..., 0].double().mul(inv_t).tolist()  # [B][γ] z(x)/T
-    q_x = draft_probs.gather(-1, x)[..., 0].double().tolist()  # [B][γ] q(x)
+    one_hot = draft_probs is None
+    q_x = [[1.0] * gamma] * B if one_hot else draft_probs.gather(-1, x)[..., 0].double().tolist()  # [B][γ] q(x)
     u = uniforms.double().tolist()  # [B][γ+1]
     n = []  # [B] first rejection, γ if none
     weights = torch.empty(B, V, dtype=torch.float32, device=target_logits.device)  # the draw's, row n
@@ -126,8 +129,15 @@ def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, tempe
         # row c's weights: the residual max(0, p − q) after a rejection, p itself for the bonus token
         p = target_logits[b, c].float()
         p = (p * inv_t if inv_t != 1.0 else p).sub(lse).exp_()  # [V]
-        if c == gamma or float(torch.sub(p, draft_probs[b, c], out=weights[b]).clamp_(min=0.0).sum()) == 0:
-            weights[b] = p  # the bonus row, or p == q (all-zero residual): draw from p
+        if c == gamma:
+            weights[b] = p  # the bonus row
+        elif one_hot:  # max(0, p − onehot(x)) = p with x removed
+            weights[b] = p
+            weights[b, int(draft_tokens[b, c])] = 0.0
+        else:
+            torch.sub(p, draft_probs[b, c], out=weights[b]).clamp_(min=0.0)
+        if c < gamma and float(weights[b].sum()) == 0:
+            weights[b] = p  # p == q (all-zero residual): draw from p
     n = torch.tensor(n, dtype=torch.int64, device=draft_tokens.device)
     return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
 
@@ -191,11 +201,15 @@ def _weight(z, q, lse, inv_t, alpha, beta, use_residual, SIGMOID: tl.constexpr):
 
 
 @triton.jit
-def _tile(row_z, row_q, cols, mask, has_draft, V, SIGMOID: tl.constexpr):
+def _tile(row_z, row_q, x_n, cols, mask, has_draft, V, SIGMOID: tl.constexpr, ONE_HOT: tl.constexpr):
     """One BLOCK of the drawn row: target logits z [BLOCK], and the draft's q [BLOCK] when the row has
-    a draft row (n < γ); at the bonus row q = 0 (sigmoid: raw logit −inf, so q̂ = 0)."""
+    a draft row (n < γ); at the bonus row q = 0 (sigmoid: raw logit −inf, so q̂ = 0). ONE_HOT: q is 1 at
+    the row's draft token x_n and 0 elsewhere, read from nowhere."""
     z = tl.load(row_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    q = tl.load(row_q + cols, mask=mask & (cols < tl.where(has_draft, V, 0)), other=0.0).to(tl.float32)
+    if ONE_HOT:
+        q = ((cols == x_n) & has_draft).to(tl.float32)
+    else:
+        q = tl.load(row_q + cols, mask=mask & (cols < tl.where(has_draft, V, 0)), other=0.0).to(tl.float32)
     if SIGMOID:
         q = tl.where(has_draft, q, float("-inf"))
     return z, q
@@ -205,7 +219,7 @@ def _tile(row_z, row_q, cols, mask, has_draft, V, SIGMOID: tl.constexpr):
 def _accept_weights_kernel(
     # pointers
     tokens_ptr,  # [B, γ] int64 draft tokens
-    draft_ptr,  # [B, γ, V] draft probabilities (SIGMOID: raw draft logits), contiguous last dim
+    draft_ptr,  # [B, γ, V] draft probabilities (SIGMOID: raw draft logits), contiguous last dim; ONE_HOT: unread
     logits_ptr,  # [B, γ+1, V] target logits, contiguous last dim
     u_ptr,  # [B, γ+1] fp32 uniforms in (0, 1]
     max_ptr,  # [B·(γ+1), SPLITS] from stage 1 (unused when SIGMOID)
@@ -236,6 +250,7 @@ def _accept_weights_kernel(
     SPLITS_P2: tl.constexpr,
     BLOCK: tl.constexpr,
     SIGMOID: tl.constexpr,
+    ONE_HOT: tl.constexpr,  # a deterministic draft: q one-hot at the draft tokens (exact only)
 ):
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -258,7 +273,10 @@ def _accept_weights_kernel(
     # acceptance from gathered scalars: accept x_c iff q(x_c) > 0 and u_c·q(x_c) <= p(x_c)
     x = tl.load(tokens_ptr + b * stride_tb + c * stride_tc, mask=is_draft, other=0)  # [GAMMA_P2]
     z_x = tl.load(logits_ptr + b * stride_zb + c * stride_zc + x, mask=is_draft, other=0.0).to(tl.float32)
-    q_x = tl.load(draft_ptr + b * stride_qb + c * stride_qc + x, mask=is_draft, other=1.0).to(tl.float32)
+    if ONE_HOT:
+        q_x = tl.full((GAMMA_P2,), 1.0, tl.float32)
+    else:
+        q_x = tl.load(draft_ptr + b * stride_qb + c * stride_qc + x, mask=is_draft, other=1.0).to(tl.float32)
     u = tl.load(u_ptr + b * stride_ub + c * stride_uc, mask=is_draft, other=1.0)
     if SIGMOID:
         p_x = tl.sigmoid((z_x * inv_t - alpha) / (beta - alpha))
@@ -273,6 +291,7 @@ def _accept_weights_kernel(
     use_residual = n < gamma  # the bonus row has no draft row to read
     row_z = logits_ptr + b * stride_zb + n * stride_zc
     row_q = draft_ptr + b * stride_qb + tl.minimum(n, gamma - 1) * stride_qc
+    x_n = tl.sum(tl.where(c == n, x, 0))  # the rejected draft token (ONE_HOT's q)
     w_acc = tl.zeros((BLOCK,), tl.float64)
     p_acc = tl.zeros((BLOCK,), tl.float64)
     bad = tl.zeros((), tl.int32)
@@ -281,7 +300,7 @@ def _accept_weights_kernel(
     for off in range(0, chunk, BLOCK):
         cols = split * chunk + off + tl.arange(0, BLOCK)
         mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
-        z, q = _tile(row_z, row_q, cols, mask, use_residual, V, SIGMOID)
+        z, q = _tile(row_z, row_q, x_n, cols, mask, use_residual, V, SIGMOID, ONE_HOT)
         if SIGMOID:
             bad += tl.sum((mask & ((z != z) | (z == float("inf")))).to(tl.int32))
         w, p = _weight(z, q, lse_n, inv_t, alpha, beta, use_residual, SIGMOID)
@@ -332,6 +351,7 @@ def _draw_kernel(
     SPLITS_P2: tl.constexpr,
     BLOCK: tl.constexpr,
     SIGMOID: tl.constexpr,
+    ONE_HOT: tl.constexpr,
 ):
     # inverse CDF in two levels: the split where Σ reaches u·total, then the token inside it
     b = tl.program_id(0).to(tl.int64)
@@ -350,12 +370,13 @@ def _draw_kernel(
 
     row_z = logits_ptr + b * stride_zb + n * stride_zc
     row_q = draft_ptr + b * stride_qb + tl.minimum(n, gamma - 1) * stride_qc
+    x_n = tl.load(tokens_ptr + b * stride_tb + tl.minimum(n, gamma - 1) * stride_tc)
     token = tl.full((), -1, tl.int64)
     last_positive = tl.full((), -1, tl.int64)
     for off in range(0, chunk, BLOCK):
         cols = split * chunk + off + tl.arange(0, BLOCK)
         mask = (cols < V) & (off + tl.arange(0, BLOCK) < chunk)
-        z, q = _tile(row_z, row_q, cols, mask, n < gamma, V, SIGMOID)
+        z, q = _tile(row_z, row_q, x_n, cols, mask, n < gamma, V, SIGMOID, ONE_HOT)
         w, _ = _weight(z, q, lse_n, inv_t, alpha, beta, use_residual, SIGMOID)
         w = tl.where(mask, w, 0.0).to(tl.float64)
         reach = before + tl.cumsum(w, axis=0)
@@ -411,14 +432,17 @@ def _last_dim_contiguous(t):
 
 def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0):
     """Shared launcher of the exact and sigmoid kernels. `draft` is draft_probs, or the draft logits when
-    sigmoid. Every input is read through its strides (a vocabulary slice is not copied; a last dim that is
+    sigmoid, or None for a deterministic draft (exact only: q one-hot at the draft tokens). Every input is read through its strides (a vocabulary slice is not copied; a last dim that is
     not contiguous is). Returns (out_tokens [B, γ+1], num_accepted [B], error [B] int32: 0, or the bits of
     ERRORS), with no host synchronisation: a CUDA graph can hold it."""
     # (1) check shapes
     B, gamma = draft_tokens.shape
     V = target_logits.shape[-1]
-    assert draft.shape == (B, gamma, V) and target_logits.shape == (B, gamma + 1, V), "shape mismatch"
-    assert uniforms.shape == (B, gamma + 1) and 1 <= gamma
+    one_hot = draft is None
+    assert not (one_hot and sigmoid), "sigmoid needs the draft's logits"
+    draft = draft_tokens[:, :, None] if one_hot else draft  # never read with ONE_HOT: a pointer of the right kind
+    assert one_hot or draft.shape == (B, gamma, V), "shape mismatch"
+    assert target_logits.shape == (B, gamma + 1, V) and uniforms.shape == (B, gamma + 1) and 1 <= gamma
     draft, target_logits = _last_dim_contiguous(draft), _last_dim_contiguous(target_logits)
     uniforms = uniforms.float()
     device = target_logits.device
@@ -445,7 +469,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
             target_logits, row_max, row_sum, row_bad, gamma, V, chunk, splits, *target_logits.stride()[:2], inv_t,
             BLOCK=block,
         )
-    shared = dict(GAMMA_P2=triton.next_power_of_2(gamma + 1), SIGMOID=sigmoid, **meta)
+    shared = dict(GAMMA_P2=triton.next_power_of_2(gamma + 1), SIGMOID=sigmoid, ONE_HOT=one_hot, **meta)
     _accept_weights_kernel[(B, splits)](
         draft_tokens, draft, target_logits, uniforms, row_max, row_sum, n, lse_n, wsum, psum, draw_bad,
         gamma, V, chunk, splits, *strides, inv_t, alpha, beta, **shared,
@@ -468,7 +492,7 @@ def raise_for(error) -> None:
 # The Triton verification as a torch custom op, so that torch.compile and CUDA graphs can hold it: the fake
 # implementation gives the shapes without running anything.
 @torch.library.custom_op("specdec::verify_triton", mutates_args=())
-def verify_triton_op(draft_tokens: torch.Tensor, draft: torch.Tensor, target_logits: torch.Tensor,
+def verify_triton_op(draft_tokens: torch.Tensor, draft: Optional[torch.Tensor], target_logits: torch.Tensor,
                      uniforms: torch.Tensor, temperature: float, sigmoid: bool, alpha: float,
                      beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid=sigmoid, alpha=alpha, beta=beta)

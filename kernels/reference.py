@@ -4,10 +4,12 @@ The rule (Leviathan et al. 2023, Chen et al. 2023), for each sequence b and draf
 
     p = softmax(target_logits[b, c] / T)        the target's distribution at that position
     q = draft_probs[b, c]                       the distribution the draft token x was drawn from
+                                                (draft_probs None: a deterministic draft, q = one-hot at x)
     accept x  iff  q(x) > 0  and  u[b, c] · q(x) <= p(x)       (u in (0, 1]: P(accept) = min(1, p/q))
 
 At the first rejection, emit one token drawn from the residual  a(x) = max(0, p(x) − q(x)) / Σ a,
-falling back to p when the residual is all zero (p == q). If all γ are accepted, emit a bonus token
+falling back to p when the residual is all zero (p == q). For a one-hot q the test is u <= p(x) and the
+residual is p with x removed. If all γ are accepted, emit a bonus token
 drawn from p at position γ. Either draw is by inverse CDF with u[b, γ]: the first token whose running
 sum of the (unnormalised) weights reaches u · Σ weights, skipping zero weights.
 
@@ -49,7 +51,8 @@ def draw_inverse_cdf(weights: list[float], u: float) -> int:
 
 
 def verify_reference(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
-    """Shapes as in specdec_cli/decoding/verify.py. Returns (out_tokens [B, γ+1], num_accepted [B])."""
+    """Shapes as in specdec_cli/decoding/verify.py; draft_probs None: one-hot at the draft tokens.
+    Returns (out_tokens [B, γ+1], num_accepted [B])."""
     B, gamma = draft_tokens.shape
     out_tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64)
     num_accepted = torch.zeros(B, dtype=torch.int64)
@@ -62,7 +65,7 @@ def verify_reference(draft_tokens, draft_probs, target_logits, uniforms, tempera
                 emitted.append(draw_inverse_cdf(p, u[gamma]))
                 break
             x = int(draft_tokens[b, c])
-            q = draft_probs[b, c].float().tolist()
+            q = draft_probs[b, c].float().tolist() if draft_probs is not None else [float(i == x) for i in range(len(p))]
             if q[x] > 0.0 and u[c] * q[x] <= p[x]:
                 emitted.append(x)
                 continue

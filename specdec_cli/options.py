@@ -31,6 +31,8 @@ DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp1
 WHISPER_TASKS = ("transcribe", "translate")
 MAX_GAMMA = 32  # γ above this never paid in any measurement, and the Triton kernels are planned up to it
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+SIGMOID_NEEDS_LOGITS = ("--mode sigmoid needs a model draft's logits (σ of the draft logits); a deterministic draft "
+                        "such as lookup has none: use --mode exact")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -139,7 +141,14 @@ class DecodeOptions:
             raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {self.draft_vocab})")
         if not 0.0 <= self.draft_stop < 1.0:
             raise SpecdecError(f"--draft-stop must be in [0, 1) (got {self.draft_stop})")
+        if self.mode == "sigmoid" and self.uses_lookup:
+            raise SpecdecError(SIGMOID_NEEDS_LOGITS)
         return self
+
+    @property
+    def uses_lookup(self) -> bool:
+        """--draft lookup, lookup:N or lookup+DRAFT (drafts/spec.py)."""
+        return any(p.strip().lower().partition(":")[0] == "lookup" for p in self.draft.split("+"))
 
 
 # Summarize: the embedded Qwen2.5-Coder 1.5B target and 0.5B draft. γ = 4 with draft-stop 0.4 was the best
@@ -199,4 +208,6 @@ class TranscribeOptions(DecodeOptions):
     def validate(self):
         super().validate()
         one_of("--task", self.task, WHISPER_TASKS)
+        if self.speculative and self.uses_lookup:
+            raise SpecdecError("--draft lookup is for summarize; transcribe drafts with a model (self, self:K, or another)")
         return self

@@ -318,7 +318,7 @@ def test_kernels_is_not_a_top_level_package(tmp_path):
 
 
 def test_inputs_are_read_through_their_strides():
-    """A vocabulary slice (decoding's _fit_vocab) and a draft read out of a wider tensor are not copied."""
+    """A vocabulary slice (decoding.drafter.fit_vocab) and a draft read out of a wider tensor are not copied."""
     tokens, probs, target, u, _ = make_case(3, 4, 1000, seed=3)
     wide = torch.full((3, 5, 1013), -30.0)
     wide[..., :1000] = target
@@ -386,7 +386,7 @@ def test_what_a_compile_depends_on_is_bounded():
         (deco,) = f.decorator_list
         assert ast.unparse(deco) == "triton.jit(do_not_specialize=['gamma'])", name
         constexprs = {a.arg for a in f.args.args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)}
-        assert constexprs == ({"BLOCK"} if name == "_row_stats_kernel" else {"GAMMA_P2", "SPLITS_P2", "BLOCK", "SIGMOID"})
+        assert constexprs == ({"BLOCK"} if name == "_row_stats_kernel" else {"GAMMA_P2", "SPLITS_P2", "BLOCK", "SIGMOID", "ONE_HOT"})
     for _, sms in ARCHS.values():
         keys = {(triton.next_power_of_2(g + 1), triton.next_power_of_2(exact._plan(V, b * (g + 1), None, False, sms)[1]))
                 for g in range(1, options.MAX_GAMMA + 1) for b in range(1, 65) for V in (32000, 151936)}

@@ -6,12 +6,16 @@ each other and against `reference` (kernels/reference.py), which is the specific
 Inputs
     draft_tokens  int64 [B, γ]        tokens the draft proposed
     draft_probs   float [B, γ, V]     the distribution each draft token was drawn from (after
-                                      temperature / top-k / top-p)
+                  or None             temperature / top-k / top-p); None: a deterministic draft (prompt
+                                      lookup), q one-hot at the draft tokens: accept x iff u <= p(x), after
+                                      a rejection draw from p without x. No [B, γ, V] tensor is built
+                                      (baseline builds it, as a library without this path would)
     target_logits float [B, γ+1, V]   target logits at the γ draft positions plus the bonus position
                                       (fp32, bf16 or fp16); −inf marks a masked token
     uniforms      float [B, γ+1]      randomness in (0, 1]: column c < γ decides draft token c,
                                       column γ draws the resampled (or bonus) token by inverse CDF
-    draft_logits  float [B, γ, V]     sigmoid only: the raw draft logits
+    draft_logits  float [B, γ, V]     sigmoid only: the raw draft logits (sigmoid refuses a deterministic
+                                      draft: σ of draft logits that do not exist has no meaning)
 Outputs
     out_tokens    int64 [B, γ+1]      accepted draft tokens, then the resampled or bonus token, then −1
     num_accepted  int64 [B]           how many draft tokens were accepted (0..γ)
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_cli import kernels, options
-from specdec_cli.errors import NonFiniteLogitsError
+from specdec_cli.errors import NonFiniteLogitsError, SpecdecError
 from specdec_cli.kernels import baseline, exact, reference, sigmoid
 
 
@@ -57,7 +61,7 @@ def _use_triton(backend: str, device: torch.device) -> bool:
 def verify(
     mode: str,
     draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     uniforms: torch.Tensor,
     *,
@@ -91,7 +95,7 @@ def verify(
     if mode == "exact" and not triton:
         return Verified(*exact.verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, temperature), name)
     if mode == "sigmoid" and draft_logits is None:
-        raise ValueError("sigmoid verification needs draft_logits")
+        raise SpecdecError(options.SIGMOID_NEEDS_LOGITS)
     if mode == "sigmoid" and not triton:
         out = sigmoid.verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, temperature, alpha, beta)
         return Verified(*out, name)
