@@ -398,7 +398,7 @@ def emit_results(results, *, as_json: bool, device: str, title: str):
 def summarize(
     articles: Annotated[list[str], typer.Argument(help="Text files to summarize; '-' reads stdin.")],
     target: Annotated[str, typer.Option(help="Target model: embedded, a Hugging Face id, a local directory, or a .gguf file.")] = S.target,
-    draft: Annotated[str, typer.Option(help="Draft model: as --target, or self:K (the target's own first K layers).")] = S.draft,
+    draft: Annotated[str, typer.Option(help="Draft model: as --target, or self:K (the target's own first K layers); lookup (prompt lookup, no model: the tokens that followed the last n-gram earlier in the article; lookup:N for n-grams of N down to 1); lookup+DRAFT (lookup where an n-gram matches, DRAFT elsewhere).")] = S.draft,
     mode: Mode = S.mode,
     gamma: Gamma = S.gamma,
     gamma_schedule: GammaSchedule = S.gamma_schedule,
@@ -431,6 +431,8 @@ def summarize(
       specdec summarize --mode autoregressive examples/articles/*.txt
       cat article.txt | specdec summarize - --temperature 0.7 --seed 1 --json
       specdec summarize a.txt --target ./my-model --draft self:4
+      specdec summarize a.txt --draft lookup
+      specdec summarize a.txt --draft lookup+embedded
     """
     from specdec_cli import render
     from specdec_cli.tasks import summarize as task

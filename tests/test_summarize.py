@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from conftest import tiny_config, word_tokenizer
+from conftest import ROOT, tiny_config, word_tokenizer
 
 runner = CliRunner()
 ARTICLE = " ".join(f"w{(i * 37) % 900 + 2}" for i in range(60))
@@ -127,6 +127,36 @@ def test_bad_options_are_one_line_exit_2(option, value, words, model_dir, articl
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.output, r.output
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--draft", "lookup:0"], "lookup:N"),
+    (["--draft", "lookup+lookup"], "one draft"),
+    (["--draft", "lookup", "--mode", "sigmoid"], "sigmoid"),
+])
+def test_bad_lookup_drafts_are_one_line_exit_2(args, words, model_dir, article):
+    common_args = common(model_dir)
+    common_args[common_args.index("--draft") : common_args.index("--draft") + 2] = []
+    r = summarize(article, *common_args, *args)
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize("draft", ["lookup", "lookup:2-2", "lookup+self:2"])
+def test_greedy_lookup_equals_autoregressive_from_the_cli(draft, model_dir, article, tmp_path):
+    repeating = tmp_path / "repeating.txt"
+    repeating.write_text(" ".join([ARTICLE] * 2))  # the article twice: lookup has something to find
+    texts = {}
+    for mode, d in (("autoregressive", "self:2"), ("exact", draft)):
+        args = common(model_dir)
+        args[args.index("--draft") + 1] = d
+        r = summarize(repeating, *args, "--mode", mode, "--max-new-tokens", "30", "--json")
+        assert r.exit_code == 0, r.output
+        texts[mode] = json.loads(r.stdout)
+    assert texts["exact"]["text"] == texts["autoregressive"]["text"]
+    if draft != "lookup:2-2":  # a random model's words rarely repeat a 2-gram of the article
+        assert texts["exact"]["stats"]["draft_tokens"] > 0
+
+
 def test_draft_with_another_vocabulary_is_refused(model_dir, article, tmp_path):
     other = tmp_path / "other"
     torch.manual_seed(1)
@@ -148,3 +178,81 @@ def test_stats_table_names_each_input_by_its_file_name(model_dir, tmp_path):
     assert r.exit_code == 0, r.output
     table = [line for line in r.stderr.splitlines() if line.startswith(tuple(names))]
     assert [line.split()[0] for line in table] == names, r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# bf16: a pass's rows are a step's bits (models/exact_rows.py), so greedy speculative = autoregressive
+
+
+def _steps_and_pass(model, prompt, k):
+    """Logits [k, V] of k one-token steps after `prompt` [1, T], and of one pass over the same k tokens."""
+    from specdec_cli.decoding.adapters import Decoder
+
+    T = prompt.shape[1]
+    tokens = torch.randint(0, 30000, (1, k), generator=torch.Generator().manual_seed(k))  # [1, k]
+    seq = torch.cat([prompt[:, -1:], tokens], 1)  # [1, k+1]: the pending token, then k more
+    pos = torch.arange(T - 1, T + k)[None]  # [1, k+1]
+    out = []
+    with torch.inference_mode():
+        for one_by_one in (True, False):
+            d = Decoder(model)
+            d.prefill(prompt[:, :-1], None, torch.arange(T - 1)[None])
+            if one_by_one:
+                out.append(torch.cat([d.forward(seq[:, i : i + 1], None, pos[:, i : i + 1]) for i in range(k)], 1)[0])
+            else:
+                out.append(d.forward(seq[:, :k], None, pos[:, :k])[0])
+    return out
+
+
+@pytest.mark.slow
+def test_exact_rows_give_a_pass_the_bits_of_steps(smollm2):
+    """The premise: in bf16 a CPU rounds a pass's rows otherwise than steps (so a near tie of the top two logits
+    can flip between them); exact_rows makes every row bit for bit a step's, at every pass length."""
+    from specdec_cli.models.exact_rows import exact_rows, needs_rows
+
+    prompt = torch.tensor([smollm2.tokenizer("Bumblebees raise more queens near wildflower strips, a study")["input_ids"]])
+    steps, passed = _steps_and_pass(smollm2.model, prompt, 5)
+    if needs_rows(smollm2.model.lm_head.weight):
+        assert not torch.equal(steps, passed), "bf16 on a CPU: expected the plain pass to round otherwise"
+    rows = exact_rows(smollm2.model)
+    for k in (2, 5, 9, 33):
+        steps, passed = _steps_and_pass(rows, prompt, k)
+        bad = [i for i in range(k) if not torch.equal(steps[i], passed[i])]
+        assert not bad, f"k={k}: rows {bad} of the pass differ from their steps"
+
+
+@pytest.fixture(scope="module")
+def smollm2_articles(smollm2):
+    """The seven example articles and SmolLM2's greedy autoregressive summaries of them (bf16, 32 tokens)."""
+    from specdec_cli.tasks import summarize as task
+
+    paths = sorted(p for p in (ROOT / "examples" / "articles").glob("*.txt") if not p.name.endswith(".ref.txt"))
+    articles = [task.read_article(str(p)) for p in paths]
+    opts = task.SummarizeOptions(target="embedded:smollm2", max_new_tokens=32, dtype="bfloat16")
+    return articles, opts, [s.text for s in task.summarize(smollm2, None, articles, opts, mode="autoregressive")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", ["self:24", "lookup", "lookup+self:24"])
+def test_bf16_greedy_equals_autoregressive_on_every_example_article(smollm2, smollm2_articles, draft):
+    from specdec_cli.tasks import summarize as task
+
+    articles, opts, want = smollm2_articles
+    assert len(articles) == 7
+    got = task.summarize(smollm2, task.load_draft(draft, smollm2, progress=False), articles, opts.replace(draft=draft))
+    assert [s.text for s in got] == want
+    assert sum(s.stats.accepted_tokens for s in got) > 0
+
+
+def test_bench_takes_lookup_as_a_draft(model_dir, tmp_path):
+    """`specdec bench --task summarize --draft lookup`: autoregressive and lookup side by side, the same text."""
+    from specdec_cli.bench import config, contenders, runners
+
+    article = tmp_path / "a.txt"
+    article.write_text(" ".join([ARTICLE] * 2))
+    cfg = config.TaskConfig(task="summarize", gammas=[3], modes=["exact"], dtype="float32", schedules=["auto"], options={
+        "target": str(model_dir), "draft": "lookup", "inputs": [str(article)], "references": ["w2 w3"],
+        "max_new_tokens": 12})
+    records = contenders.aggregate(runners.run_task(cfg))
+    assert [(r.mode, r.schedule) for r in records] == [("autoregressive", None), ("exact", "auto")]
+    assert records[1].new_tokens == records[0].new_tokens and records[1].acceptance_rate is not None

@@ -370,6 +370,7 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path, tiny_dir):
         ("--mode", "turbo", "--mode"),
         ("--draft", "self:9", "self:9"),
         ("--draft", "self:2,1", "increase"),
+        ("--draft", "lookup", "summarize"),
         ("--draft-vocab", "-1", "--draft-vocab"),
         ("--draft-stop", "1.5", "--draft-stop"),
         ("--language", "xx", "xx"),

@@ -14,13 +14,13 @@ Invariant between rounds: the last slot (`pending`) holds each row's newest toke
 has seen yet; the target cache holds every slot before it; the draft cache may lag behind (it never
 sees its own last draft token when all are accepted) and is fed the missing slots next round.
 
-A model enters through a `Decoder` (adapters.py); the accept/reject rule is kernels/reference.py's,
-reached through verify.py.
+A model enters through a `Decoder` (adapters.py), a draft through a `Drafter` (drafter.py: a draft model, or
+a draft without one such as prompt lookup); the accept/reject rule is kernels/reference.py's, reached through
+verify.py.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Iterable
 
@@ -29,6 +29,7 @@ import torch
 from specdec_cli import options
 from specdec_cli.decoding import verify as verification
 from specdec_cli.decoding.adapters import Decoder, as_decoder
+from specdec_cli.decoding.drafter import Drafter, Proposal, as_drafter, fit_vocab
 from specdec_cli.decoding import schedule as schedules
 from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
 from specdec_cli.decoding.schedule import Round
@@ -133,64 +134,19 @@ def prefill(decoders: list[Decoder], slots: _Slots, on_progress=None) -> None:
         on_progress(total, total)
 
 
-def draft(
-    decoder: Decoder, slots: _Slots, gamma: int, params: SamplingParams, generator, vocab: int, keep_logits: bool,
-    stop_below: float = 0.0,
-):
-    """Up to γ tokens from the draft, each fed back through its cache; appended to the slots. The round
-    ends early, after k < γ tokens, once every row's draft gave its last token a probability below
-    `stop_below`: a rule that reads only the draft, so the output stays exactly the target's.
-
-    -> draft_tokens int64 [B, k], draft_probs float32 [B, k, V] (None if greedy),
-       draft_logits [B, k, V] (only if keep_logits: raw, or processed when top-k/top-p is on)."""
-    B = slots.tokens.shape[0]
-    tokens = torch.empty(B, gamma, dtype=torch.int64, device=slots.tokens.device)
-    probs = None if params.greedy else torch.empty(B, gamma, vocab, device=slots.tokens.device)
-    raw = [] if keep_logits else None
-    for i in range(gamma):
-        # first step: every slot the draft cache lacks (the pending token, and any slot it never saw)
-        inp, mask, positions = slots.window(decoder.length, slots.length)
-        logits = _fit_vocab(decoder.forward(inp, mask, positions, keep=1)[:, -1], vocab)  # [B, V]
-        u = None if params.greedy else uniforms(B, generator)
-        token, p = sample_logits(logits, params, u)
-        tokens[:, i] = token
-        if probs is not None:
-            probs[:, i] = p
-        if raw is not None:  # sigmoid reads logits in the same space as the target's (see verify)
-            raw.append(process_logits(logits, params) if params.filtered else logits)
-        slots.append(token)
-        if stop_below > 0 and i < gamma - 1:
-            top = (p if p is not None else torch.softmax(logits.float(), dim=-1)).amax(dim=-1)  # [B]
-            if bool((top < stop_below).all()):
-                tokens, probs = tokens[:, : i + 1], None if probs is None else probs[:, : i + 1]
-                break
-    return tokens, probs, (torch.stack(raw, dim=1) if raw is not None else None)
-
-
-def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Cut or pad logits [..., V'] to the shared V. Draft: extra tokens are never proposed, missing ones
-    get −inf (lossless: the draft distribution is whatever it was drawn from). Target: only padding
-    rows of its lm_head are cut (V comes from check_compatible)."""
-    width = logits.shape[-1]
-    if width == vocab:
-        return logits
-    if width > vocab:
-        return logits[..., :vocab]
-    return torch.nn.functional.pad(logits, (0, vocab - width), value=-math.inf)
-
-
 def score(decoder: Decoder, slots: _Slots, start: int) -> torch.Tensor:
     """The target over slots start..end (pending + γ draft tokens) in one pass -> logits [B, γ+1, V]."""
     return decoder.forward(*slots.window(start, slots.length))
 
 
-def verify(mode, draft_tokens, draft_probs, draft_logits, target_logits, generator, params, alpha, beta, backend):
+def verify(mode, proposal: Proposal, target_logits, generator, params, alpha, beta, backend):
     """The accept/reject rule lives in kernels/reference.py, reached through decoding/verify.py; this only
-    prepares its inputs.
+    prepares its inputs (proposal.probs None: a deterministic draft, one-hot).
 
     Greedy: accept while draft == target argmax. Sampling: the target distribution must be processed
     exactly as the draft's was (÷T fused in verify when only temperature is on; top-k/top-p applied
     here, then temperature 1)."""
+    draft_tokens = proposal.tokens
     if params.greedy:
         return verification.verify_greedy(draft_tokens, target_logits)
     B, gamma = draft_tokens.shape
@@ -201,10 +157,10 @@ def verify(mode, draft_tokens, draft_probs, draft_logits, target_logits, generat
     return verification.verify(
         mode,
         draft_tokens,
-        draft_probs,
+        proposal.probs,
         target_logits,
         u,
-        draft_logits=draft_logits,
+        draft_logits=proposal.logits,
         temperature=temperature,
         alpha=alpha,
         beta=beta,
@@ -270,8 +226,8 @@ def generate(
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
-    target, draft_model: transformers causal LMs or `Decoder`s (draft_model unused, may be None, for
-    mode="autoregressive"). gamma_schedule: a name (options.GAMMA_SCHEDULES; γ is its start, or for auto its
+    target: a transformers causal LM or a `Decoder`; draft_model: one too, or a `Drafter` (unused, may be None,
+    for mode="autoregressive"). gamma_schedule: a name (options.GAMMA_SCHEDULES; γ is its start, or for auto its
     upper bound) or a schedule object (schedule.make), which keeps what it measured from one call to the
     next. params: temperature, top-k, top-p, seed (default: greedy). vocab_size: the V
     both models' logits are cut to (models.check_compatible's answer when lm_heads carry padding rows);
@@ -290,7 +246,7 @@ def generate(
     eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or ())
 
     target = as_decoder(target)
-    draft_dec = as_decoder(draft_model) if speculative else None
+    drafter = as_drafter(draft_model) if speculative else None
     device = target.device
     with torch.inference_mode():
         slots = _Slots(input_ids, attention_mask, device)
@@ -301,7 +257,7 @@ def generate(
             return GenerationResult(rows.tokens, rows.reasons, stats.finish())
         generator = params.generator(device)
         vocab = vocab_size or target.vocab_size
-        decoders = [target] + ([draft_dec] if speculative else [])
+        decoders = [target, *(drafter.decoders if speculative else ())]
 
         t_start = _clock(device)
         prefill(decoders, slots, on_prefill)
@@ -313,11 +269,11 @@ def generate(
             if g == 0:
                 out, r = _decode_one_token(target, slots, params, generator, vocab)
             else:
-                out, r = _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, alpha, beta, backend,
+                out, r = _speculate(target, drafter, slots, g, mode, params, generator, vocab, alpha, beta, backend,
                                     draft_stop_below)
             stats.record(r, speculative)
             schedule.observe(r)
-            going = _commit(slots, target, draft_dec, rows, out, r.accepted, start, stats)
+            going = _commit(slots, target, drafter, rows, out, r.accepted, start, stats)
             if not going:
                 break
             if len(going) < len(r.accepted):
@@ -330,35 +286,36 @@ def generate(
 def _decode_one_token(target: Decoder, slots: _Slots, params, generator, vocab: int):
     """The target alone: logits at `pending` -> one token per row. -> (out [B, 1], the Round: γ 0)."""
     t0 = _clock(target.device)
-    logits = _fit_vocab(target.forward(*slots.window(slots.pending, slots.length), keep=1)[:, -1], vocab)  # [B, V]
+    logits = fit_vocab(target.forward(*slots.window(slots.pending, slots.length), keep=1)[:, -1], vocab)  # [B, V]
     B = logits.shape[0]
     token, _ = sample_logits(logits, params, None if params.greedy else uniforms(B, generator))
     return token[:, None], Round(0, [0] * B, target_s=_clock(target.device) - t0)
 
 
-def _speculate(target, draft_dec, slots, g, mode, params, generator, vocab, alpha, beta, backend, stop_below=0.0):
-    """One speculative round: draft γ (or fewer), score γ+1, verify. -> (out_tokens [B, γ+1], the Round)."""
+def _speculate(target, drafter: Drafter, slots, g, mode, params, generator, vocab, alpha, beta, backend,
+               stop_below=0.0):
+    """One speculative round: draft γ (or fewer), score γ+1, verify. -> (out_tokens [B, γ+1], the Round).
+    A draft that proposes nothing (no n-gram matched) makes the round one plain step."""
     device = target.device
     start = slots.pending
-    catch_up = slots.length - draft_dec.length
     t0 = _clock(device)
-    draft_tokens, draft_probs, draft_logits = draft(
-        draft_dec, slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid"), stop_below=stop_below
-    )
-    asked, g = g, draft_tokens.shape[1]  # the draft may stop early
+    proposal = drafter.propose(slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid"), stop_below=stop_below)
+    asked, g = g, proposal.tokens.shape[1]  # the draft may stop early
     t1 = _clock(device)
-    target_logits = _fit_vocab(score(target, slots, start), vocab)  # [B, γ+1, V]
+    if g == 0:
+        out, r = _decode_one_token(target, slots, params, generator, vocab)
+        r.asked, r.draft_s = asked, t1 - t0
+        return out, r
+    target_logits = fit_vocab(score(target, slots, start), vocab)  # [B, γ+1, V]
     t2 = _clock(device)
-    verified = verify(
-        mode, draft_tokens, draft_probs, draft_logits, target_logits, generator, params, alpha, beta, backend
-    )
+    verified = verify(mode, proposal, target_logits, generator, params, alpha, beta, backend)
     accepted = verified.accepted()  # the one host sync of the round
     t3 = _clock(device)
     return verified.out_tokens, Round(g, accepted, asked, draft_s=t1 - t0, target_s=t2 - t1, verify_s=t3 - t2,
-                                      catch_up=catch_up, backend=verified.backend)
+                                      catch_up=proposal.catch_up, backend=verified.backend)
 
 
-def _commit(slots, target, draft_dec, rows, out, accepted, start, stats) -> list[int]:
+def _commit(slots, target, drafter, rows, out, accepted, start, stats) -> list[int]:
     """Keep each row's accepted slots, mark its rejected ones invalid, write its new token to the
     new pending slot, crop both caches to the longest row. -> active rows still going."""
     longest = max(accepted)
@@ -374,8 +331,8 @@ def _commit(slots, target, draft_dec, rows, out, accepted, start, stats) -> list
     slots.positions[:, pending] = slots.positions[:, start] + n + 1
     slots.length = pending + 1
     target.crop(pending)
-    if draft_dec is not None:
-        draft_dec.crop(min(draft_dec.length, pending))
+    if drafter is not None:
+        drafter.crop(pending)
 
     out_rows = out[:, : longest + 1].tolist()
     emitted = [r[: a + 1] for r, a in zip(out_rows, accepted)]

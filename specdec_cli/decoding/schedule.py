@@ -190,6 +190,8 @@ class Auto:
     def observe(self, r: Round) -> None:
         self.seen.setdefault(r.gamma + 1, _Average()).add(r.target_s)
         if r.gamma == 0:
+            if r.asked:  # the draft was asked and had nothing (no n-gram matched): D(1) learns it
+                self.drafts.add(1, 0)
             self.plain_run += 1
             return
         self.plain_run = 0

@@ -4,6 +4,9 @@
                     low-bit weights, a lean decoding step)
     self:K          the target's first K decoder layers
     self:0-2,4      those decoder layers (ranges and single numbers, increasing)
+    lookup          prompt lookup, no model (drafts/lookup.py): n-grams of 3 tokens down to 1
+    lookup:N        n-grams of N tokens down to 1; lookup:N-M: N down to M
+    lookup+DRAFT    lookup where an n-gram matches, the draft DRAFT (any of the above) elsewhere
     anything else   another model: a spec for models.load_model, checked against the target
 """
 
@@ -12,6 +15,39 @@ from __future__ import annotations
 import re
 
 from specdec_cli.errors import SpecdecError
+
+
+LOOKUP_LONGEST, LOOKUP_SHORTEST = 3, 1  # lookup's n-gram sizes (measured: benchmarks/README.md, "Prompt lookup")
+
+
+def split_lookup(spec: str) -> tuple[str | None, str | None]:
+    """(the lookup part, the model part) of a --draft spec; either may be None.
+
+    >>> split_lookup("lookup"), split_lookup("lookup:2+self:4"), split_lookup("embedded")
+    (('lookup', None), ('lookup:2', 'self:4'), (None, 'embedded'))
+    """
+    parts = [p.strip() for p in (spec or "").split("+")]
+    found = [p for p in parts if p.lower().partition(":")[0] == "lookup"]
+    models = [p for p in parts if p not in found]
+    if len(found) > 1 or len(models) > 1 or (len(parts) > 1 and not found):
+        raise SpecdecError(f"--draft '{spec}': write one draft, lookup, or lookup+DRAFT")
+    return (found[0] if found else None), (models[0] if models else None)
+
+
+def lookup_sizes(spec: str) -> tuple[int, int]:
+    """(longest, shortest) n-gram of a lookup spec: lookup, lookup:N or lookup:N-M.
+
+    >>> lookup_sizes("lookup"), lookup_sizes("lookup:4"), lookup_sizes("lookup:4-2")
+    ((3, 1), (4, 1), (4, 2))
+    """
+    value = spec.strip().lower().partition(":")[2].replace(" ", "")
+    if not value:
+        return LOOKUP_LONGEST, LOOKUP_SHORTEST
+    m = re.fullmatch(r"(\d+)(?:-(\d+))?", value)
+    longest, shortest = (int(m.group(1)), int(m.group(2) or 1)) if m else (0, 0)
+    if not 1 <= shortest <= longest <= 16:
+        raise SpecdecError(f"--draft '{spec}': write lookup, lookup:N or lookup:N-M (n-gram sizes, 16 >= N >= M >= 1)")
+    return longest, shortest
 
 
 def is_self(spec: str) -> bool:

@@ -16,10 +16,13 @@ from specdec_cli import drafts
 from specdec_cli.decoding import GenerationStats, SamplingParams, generate, make_schedule
 from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.layers import self_draft_from_spec
+from specdec_cli.drafts.lookup import drafter
+from specdec_cli.drafts.lookup import parts as lookup_parts
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.errors import SpecdecError, warn
 from specdec_cli.models import LoadedModel, check_compatible
 from specdec_cli.models.causal_lm import CAUSAL_LM
+from specdec_cli.models.exact_rows import exact_rows
 from specdec_cli.options import SummarizeOptions
 
 INSTRUCTION = "Summarize the following news article in two or three sentences. Reply with the summary only."
@@ -144,14 +147,18 @@ def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Art
     (e.g. mode="autoregressive", gamma=6). on_batch(done, total) is called after each batch, on_prefill(done,
     total) while a long prompt is read (progress).
 
-    Three things make the draft cheaper and leave the output exactly the target's: draft_vocab > 0 cuts its
+    draft: a model draft, a lookup.Lookup, or a lookup.WithLookup (--draft lookup+DRAFT), as load_pair gives.
+    Three things make a model draft cheaper and leave the output exactly the target's: draft_vocab > 0 cuts its
     output layer to the draft_vocab most frequent tokens plus the batch's prompt tokens (drafts/subset_head.py);
     draft_quantized gives it int8 weights on a CPU (drafts/int8.py); draft_stop > 0 ends a round's drafting
-    once the draft is less sure than that of its token (decoding.loop.draft)."""
+    once the draft is less sure than that of its token (decoding.drafter.ModelDrafter).
+
+    The target runs as models.exact_rows makes it in every mode: a pass over a round's tokens gives each the bits
+    a one-token step gives, so greedy output is the autoregressive output token for token in bf16 too."""
     opts = (options or SummarizeOptions()).replace(**overrides).validate()
     if opts.speculative and draft is None:
         raise SpecdecError(f"mode {opts.mode!r} needs a draft model")
-    draft = draft if opts.speculative else None
+    lookup, draft = lookup_parts(draft) if opts.speculative else (None, None)  # draft: the model draft, if any
     tok, model = target.tokenizer, target.model
     prompts = encode(tok, model, articles, opts.max_new_tokens, opts.truncate, opts.max_input_tokens)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos_ids(tok, model)), 0)
@@ -170,7 +177,8 @@ def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Art
         if draft is not None and opts.draft_quantized:
             quantize_draft(draft)
         result = generate(
-            model, None if draft is None else draft.model, input_ids.to(target.device), attention_mask.to(target.device),
+            exact_rows(model), drafter(lookup, None if draft is None else draft.model), input_ids.to(target.device),
+            attention_mask.to(target.device),
             mode=opts.mode, gamma=opts.gamma, gamma_schedule=schedule, params=params,
             max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
             backend=opts.backend, vocab_size=vocab, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
