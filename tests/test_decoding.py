@@ -109,7 +109,7 @@ def test_logits_hook_suppresses_tokens_in_every_mode(pair):
     plain = autoregressive(target, PROMPT, n=20).tokens[0]
     banned = sorted(set(plain[:5]))
 
-    def hook(logits, positions):
+    def hook(logits, positions, tokens):
         logits = logits.clone()
         logits[..., banned] = -math.inf
         return logits
