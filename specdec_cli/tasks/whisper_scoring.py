@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -92,17 +93,22 @@ class TimestampRules:
 
     def __call__(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         B, T, V = logits.shape
-        states = [s for row in tokens.tolist() for s in self._states(row, T)]
-        n, last, before, floor = (torch.tensor(c, device=logits.device).view(B, T, 1) for c in zip(*states))  # [B, T, 1]
-        ids = torch.arange(V, device=logits.device)  # [V]
-        times = ids >= self.begin
-        banned = (ids == self.no_timestamps) | (times & (ids < floor))  # [B, T, V]
-        banned |= (last & before & times) | (last & ~before & (ids < self.eot))
-        banned |= (n == 0) & ((ids < self.begin) | (ids > self.begin + self.max_initial))
-        logits = logits.masked_fill(banned, -math.inf)
-        logprobs = torch.log_softmax(logits.float(), -1)  # [B, T, V]
-        time_wins = logprobs[..., self.begin :].logsumexp(-1) > logprobs[..., : self.begin].amax(-1)  # [B, T]
-        return logits.masked_fill(time_wins[..., None] & ~times, -math.inf)
+        states = [s for row in tokens.tolist() for s in self._states(row, T)]  # B·T, row-major
+        logits = logits.clone()  # [B, T, V]
+        logits[..., self.no_timestamps] = -math.inf
+        # each rule bans a range of ids: text below `text_end`, times outside [lo, hi)
+        for (b, t), (n, was_time, before_time, floor) in zip(itertools.product(range(B), range(T)), states):
+            text_end = self.begin if n == 0 else self.eot if was_time and not before_time else 0
+            lo, hi = (V, V) if was_time and before_time else (floor, self.begin + self.max_initial + 1 if n == 0 else V)
+            row = logits[b, t]  # [V], a view
+            row[:text_end] = row[self.begin : lo] = row[hi:] = -math.inf
+        # the times' summed probability above the likeliest text token's: log-sum-exp of the time logits
+        # against the largest text logit (the softmax's normalizer is on both sides; transformers subtracts it)
+        z = logits.float()
+        time_wins = z[..., self.begin :].logsumexp(-1) > z[..., : self.begin].amax(-1)  # [B, T]
+        for b, t in time_wins.nonzero().tolist():
+            logits[b, t, : self.begin] = -math.inf
+        return logits
 
 
 def cross_kv(layers: Sequence[nn.Module], encoded: torch.Tensor,
