@@ -183,6 +183,21 @@ def test_tiny_timed_speculative_equals_autoregressive_token_for_token(timed, chi
     assert ar[0].segments and all(a <= b for a, b, _ in ar[0].segments)
 
 
+def test_batches_of_windows_give_the_same_segments(timed, chirp):
+    """Windows decoded together (rows finish apart, and accept different counts: holes) give the segments
+    each gives alone."""
+    audios = [load_audio(chirp)[: int(s * SAMPLE_RATE)] for s in (3.0, 2.0, 2.5)]
+    kw = dict(audios=audios, max_new_tokens=30, no_speech_threshold=1.0, language="en", timestamps=True)
+    names = ["a", "b", "c"]
+    ar = [t.segments for t in T.transcribe(timed, None, names, mode="autoregressive", **kw)]
+    assert all(ar)
+    draft = T.load_draft("self", timed, draft_vocab=150, timestamps=True)
+    for batch in (2, 3):
+        for mode, d in (("autoregressive", None), ("exact", draft)):
+            got = [t.segments for t in T.transcribe(timed, d, names, mode=mode, gamma=3, batch_size=batch, **kw)]
+            assert got == ar, (mode, batch)
+
+
 def test_a_draft_without_the_timestamp_ids_is_refused(timed, chirp):
     draft = T.load_draft("self", timed, draft_vocab=100)  # loaded without timestamps: head [0, 100) + EOT
     with pytest.raises(SpecdecError, match="timestamp"):
