@@ -471,7 +471,7 @@ def transcribe(
     backend: Backend = T.backend,
     language: Annotated[str, typer.Option(help="auto (detected per file; English-only models: en) or a language code: en, de, fr, ...")] = T.language,
     task_name: Annotated[str, typer.Option("--task", help="transcribe | translate (into English; multilingual models only).")] = T.task,
-    draft_vocab: Annotated[int, typer.Option(help="The draft's output layer scores only the token ids below this (+ end of text): a cheaper draft, the same output. 0 = the full vocabulary.")] = T.draft_vocab,
+    draft_vocab: Annotated[int, typer.Option(help="The draft's output layer scores only the token ids below this (+ end of text, + the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the full vocabulary.")] = T.draft_vocab,
     draft_int4: Annotated[bool, typer.Option(help="Give the self draft int4 weights (CPU only): a cheaper draft, the same output.")] = T.draft_quantized,
     draft_stop: DraftStop = T.draft_stop,
     timestamps: Annotated[bool, typer.Option("--timestamps", help="Decode Whisper's timestamp tokens: segments with start and end times (on for srt, vtt, tsv).")] = T.timestamps,

@@ -1,11 +1,12 @@
 """The self draft of Whisper: the target's own decoder weights, run by a lean decoding step.
 
 LeanDraft keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
-output layer over token ids [0, N) and <|endoftext|> only (−inf elsewhere: zero probability off the subset,
-which exact verification allows, and greedy verification compares argmaxes), and runs them in plain torch ops
-with int4 weights on a CPU instead of transformers' modules over bf16 weights. At batch 1 a step's time is the
-time to read its weights, and torch's bf16 GEMV reads them slowly on a CPU; the int4 GEMV reads a quarter of
-the bytes. Why every layer and not fewer: measured, see options.TranscribeOptions.
+output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids when the task decodes them
+(−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
+compares argmaxes), and runs them in plain torch ops with int4 weights on a CPU instead of transformers'
+modules over bf16 weights. At batch 1 a step's time is the time to read its weights, and torch's bf16 GEMV
+reads them slowly on a CPU; the int4 GEMV reads a quarter of the bytes. Why every layer and not fewer:
+measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations

@@ -103,7 +103,8 @@ class TimestampRules:
             row = logits[b, t]  # [V], a view
             row[:text_end] = row[self.begin : lo] = row[hi:] = -math.inf
         # the times' summed probability above the likeliest text token's: log-sum-exp of the time logits
-        # against the largest text logit (the softmax's normalizer is on both sides; transformers subtracts it)
+        # against the largest text logit (the softmax's normalizer is on both sides; transformers subtracts it
+        # from both, which can only matter to a tie within float32 rounding)
         z = logits.float()
         time_wins = z[..., self.begin :].logsumexp(-1) > z[..., : self.begin].amax(-1)  # [B, T]
         for b, t in time_wins.nonzero().tolist():
