@@ -378,14 +378,15 @@ def _cache_entries(keys):
     return [entries[k] for k in keys] if keys else list(entries.values())
 
 
-def emit_results(results, *, as_json: bool, device: str, title: str):
-    """Texts to stdout (or one JSON object per input), the stats table to stderr."""
+def emit_results(results, *, as_json: bool, device: str, title: str, text: bool = True):
+    """Texts to stdout (none when text=False: they went to files), or one JSON object per input; the stats
+    table to stderr."""
     from specdec_cli import render
 
     for r in results:
         if as_json:
             print(json.dumps(render.result_json(r, device)), flush=True)
-        else:
+        elif text:
             if len(results) > 1:
                 print(f"==> {r.input} <==")
             print(r.text, flush=True)
@@ -453,7 +454,7 @@ def summarize(
 @app.command()
 @handle_errors
 def transcribe(
-    audio: Annotated[list[str], typer.Argument(help="Audio files: wav, flac, ogg, mp3, ... (any rate, mono or stereo).")],
+    audio: Annotated[list[str], typer.Argument(help="Audio files: wav, flac, ogg, mp3, ... (any rate, mono or stereo), or folders of them.")],
     target: Annotated[str, typer.Option(help="Whisper target: embedded (Whisper base), embedded:tiny.en, a Hugging Face id, or a local directory.")] = T.target,
     draft: Annotated[str, typer.Option(help="self (the target's own decoder weights, int4, with a reduced output layer, in a lean decoding step), self:K (its first K layers), self:0-2,4 (those layers), or another Whisper model with the same vocabulary.")] = T.draft,
     mode: Mode = T.mode,
@@ -472,42 +473,84 @@ def transcribe(
     backend: Backend = T.backend,
     language: Annotated[str, typer.Option(help="auto (detected per file; English-only models: en) or a language code: en, de, fr, ...")] = T.language,
     task_name: Annotated[str, typer.Option("--task", help="transcribe | translate (into English; multilingual models only).")] = T.task,
-    draft_vocab: Annotated[int, typer.Option(help="The draft's output layer scores only the token ids below this (+ end of text): a cheaper draft, the same output. 0 = the full vocabulary.")] = T.draft_vocab,
+    draft_vocab: Annotated[int, typer.Option(help="The draft's output layer scores only the token ids below this (+ end of text, + the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the full vocabulary.")] = T.draft_vocab,
     draft_int4: Annotated[bool, typer.Option(help="Give the self draft int4 weights (CPU only): a cheaper draft, the same output.")] = T.draft_quantized,
     draft_stop: DraftStop = T.draft_stop,
+    timestamps: Annotated[bool, typer.Option("--timestamps", help="Decode Whisper's timestamp tokens: segments with start and end times (on for srt, vtt, tsv).")] = T.timestamps,
+    output_format: Annotated[str, typer.Option(help=f"{' | '.join(opt.OUTPUT_FORMATS)}: to stdout for one input, or one file per input with --output-dir.")] = T.output_format,
+    output_dir: Annotated[Optional[Path], typer.Option(help="Write one file per input here: the input's name with the format's extension.")] = None,
+    skip_existing: Annotated[bool, typer.Option("--skip-existing", help="With --output-dir: skip the inputs whose file is already there (resume a folder).")] = False,
     as_json: Json = False,
 ):
     """Transcribe speech with a Whisper target and a speculative draft.
 
     The default is Whisper base, drafting with its own decoder weights in
     int4 and a reduced output layer. Audio longer than 30 s is transcribed
-    window by window, cut in pauses. The transcript goes to stdout, the
-    decoding stats to stderr.
+    window by window, cut in pauses. The transcript goes to stdout (or a
+    file per input with --output-dir), the decoding stats to stderr.
 
     [bold]Examples[/]
 
       specdec transcribe examples/audio/librivox-sense-and-sensibility-0870.wav
       specdec transcribe talk.mp3 --mode autoregressive --json
+      specdec transcribe talk.mp3 --timestamps
+      specdec transcribe talk.mp3 --output-format srt > talk.srt
+      specdec transcribe recordings/ --output-format vtt --output-dir subtitles/ --skip-existing
+      specdec transcribe a.wav b.flac --output-format json --output-dir out/
       specdec transcribe interview.flac --language de --task translate
       specdec transcribe a.wav --target embedded:tiny.en --gamma 3
       specdec transcribe a.wav --target ./my-whisper --draft ./my-whisper-small
     """
     from specdec_cli import render
-    from specdec_cli.models.whisper import check_language_task
+    from specdec_cli.models.whisper import check_language_task, check_timestamps
+    from specdec_cli.tasks import formats
     from specdec_cli.tasks import transcribe as tx
+    from specdec_cli.tasks.audio import audio_files
 
     opts = opt.TranscribeOptions(
         target=target, draft=draft, mode=mode, gamma=gamma, gamma_schedule=gamma_schedule, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
         dtype=dtype, backend=backend, alpha=alpha, beta=beta, draft_vocab=draft_vocab, draft_stop=draft_stop,
-        draft_quantized=draft_int4, language=language.lower(), task=task_name,
+        draft_quantized=draft_int4, language=language.lower(), task=task_name, timestamps=timestamps,
+        output_format=output_format,
     ).validate()
-    audios = tx.check_inputs(audio)  # every input is read before models load
+    files = audio_files(audio)  # folders: the audio files inside
+    opt.check_output(opts.output_format, output_dir, skip_existing, len(files), as_json)
+    paths = {}
+    if output_dir is not None:
+        formats.check_output_dir(output_dir)
+        paths = dict(zip(files, formats.output_paths(files, output_dir, opts.output_format)))
+        if skip_existing:
+            files = [f for f in files if not paths[f].exists()]
+            if len(files) < len(paths):
+                render.note(f"skipping {len(paths) - len(files)} of {len(paths)} inputs: their files are in {output_dir}")
+            if not files:
+                return
+    audios = tx.check_inputs(files)  # every input is read before models load
     tgt, drf = tx.load_pair(opts, progress=not as_json)
     check_language_task(tgt, opts.language, opts.task)
+    if opts.timestamps:
+        check_timestamps(tgt)
+    device = str(tgt.device)
+
+    def write(t):
+        if t.input in paths:
+            formats.write(paths[t.input], formats.render(t, opts.output_format, timestamps=opts.timestamps,
+                                                         header=render.result_json(t, device)))
+            render.written([paths[t.input]])
+
     with render.progress("transcribing", total=sum(tx.count_windows(a) for a in audios), quiet=as_json) as advance:
-        results = tx.transcribe(tgt, drf, audio, opts, audios=audios, on_window=advance)
-    emit_results(results, as_json=as_json, device=str(tgt.device), title=f"transcribe --mode {mode}")
+        results = tx.transcribe(tgt, drf, files, opts, audios=audios, on_window=advance, on_transcript=write)
+    title = f"transcribe --mode {mode}"
+    if paths or (opts.output_format == "txt" and not opts.timestamps):
+        emit_results(results, as_json=as_json, device=device, title=title, text=not paths)
+        return
+    for r in results:
+        if len(results) > 1:
+            print(f"==> {r.input} <==")
+        print(formats.render(r, opts.output_format, timestamps=opts.timestamps, header=render.result_json(r, device)),
+              end="", flush=True)
+    render.stats_table(results, device=device, title=title)
 
 
 def main():  # pragma: no cover - the console script

@@ -29,6 +29,8 @@ GAMMA_SCHEDULES = ("auto", "constant", "heuristic")  # decoding/schedule.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bf16 on CUDA and on CPUs that have it in hardware
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 WHISPER_TASKS = ("transcribe", "translate")
+OUTPUT_FORMATS = ("txt", "srt", "vtt", "json", "tsv")  # transcribe --output-format (tasks/formats.py)
+TIMED_FORMATS = ("srt", "vtt", "tsv")  # formats made of timed segments: they turn --timestamps on
 MAX_GAMMA = 32  # γ above this never paid in any measurement, and the Triton kernels are planned up to it
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 SIGMOID_NEEDS_LOGITS = ("--mode sigmoid needs a model draft's logits (σ of the draft logits); a deterministic draft "
@@ -74,6 +76,19 @@ def check_seed(seed: int) -> None:
     lo, hi = SEED_RANGE
     if not lo <= seed <= hi:
         raise SpecdecError(f"--seed must be between {lo} and {hi} (got {seed})")
+
+
+def check_output(output_format: str, output_dir, skip_existing: bool, inputs: int, as_json: bool) -> None:
+    """transcribe's outputs: --skip-existing resumes an --output-dir; without one, a format other than txt goes
+    to stdout, for one input, and not beside --json's objects."""
+    if skip_existing and output_dir is None:
+        raise SpecdecError("--skip-existing needs --output-dir (it skips the inputs whose file is there)")
+    if output_dir is None and output_format != "txt":
+        if as_json:
+            raise SpecdecError(f"--json prints JSON on stdout: --output-format {output_format} needs --output-dir")
+        if inputs > 1:
+            raise SpecdecError(f"--output-format {output_format} with {inputs} inputs: give --output-dir "
+                               "(one file per input)")
 
 
 def dtype_name(name: str) -> str:
@@ -204,10 +219,17 @@ class TranscribeOptions(DecodeOptions):
     language: str = "auto"  # detected per file (English-only models: en), or a code: en, de, fr, ...
     task: str = "transcribe"  # or translate (into English; multilingual models only)
     no_speech_threshold: float = 0.6  # P(<|nospeech|>) above this: the window is silence (OpenAI's default)
+    timestamps: bool = False  # decode Whisper's timestamp tokens: timed segments (on for TIMED_FORMATS)
+    output_format: str = "txt"  # one of OUTPUT_FORMATS
+
+    def __post_init__(self):
+        if self.output_format in TIMED_FORMATS:
+            object.__setattr__(self, "timestamps", True)
 
     def validate(self):
         super().validate()
         one_of("--task", self.task, WHISPER_TASKS)
+        one_of("--output-format", self.output_format, OUTPUT_FORMATS)
         if self.speculative and self.uses_lookup:
             raise SpecdecError("--draft lookup is for summarize; transcribe drafts with a model (self, self:K, or another)")
         return self

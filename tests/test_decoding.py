@@ -109,7 +109,7 @@ def test_logits_hook_suppresses_tokens_in_every_mode(pair):
     plain = autoregressive(target, PROMPT, n=20).tokens[0]
     banned = sorted(set(plain[:5]))
 
-    def hook(logits, positions):
+    def hook(logits, positions, tokens):
         logits = logits.clone()
         logits[..., banned] = -math.inf
         return logits
@@ -120,6 +120,34 @@ def test_logits_hook_suppresses_tokens_in_every_mode(pair):
     assert generate(t, d, PROMPT, gamma=4, params=GREEDY, max_new_tokens=20).tokens == expected
     sampled = generate(t, d, PROMPT, gamma=4, params=SamplingParams(temperature=1.0, seed=3), max_new_tokens=20)
     assert not set(sampled.tokens[0]) & set(banned)
+
+
+def test_logits_hook_reads_each_rows_own_prefix(pair):
+    """A hook whose rule depends on the tokens before each row (never either of the last two tokens; the
+    rejected slots a shorter row keeps as holes are not its tokens): batched left-padded prompts, greedy
+    speculative equals autoregressive row by row, and no sampled token equals either of the two before it,
+    though the target scores γ+1 rows each with the draft tokens before it as its prefix."""
+    target, draft = pair
+
+    def no_repeat(logits, positions, tokens):
+        T = logits.shape[1]
+        logits = logits.clone()
+        for b, row in enumerate(tokens.tolist()):
+            for t in range(T):
+                prefix = [x for x in row[: len(row) - (T - 1 - t)] if x >= 0]
+                logits[b, t, prefix[-2:]] = -math.inf
+        return logits
+
+    ids, mask = left_pad(PROMPTS)
+    t, d = Decoder(target, logits_hook=no_repeat), Decoder(draft, logits_hook=no_repeat)
+    expected = [autoregressive(t, torch.tensor([p]), n=16).tokens[0] for p in PROMPTS]
+    for gamma in (2, 5):
+        assert generate(t, d, ids, mask, gamma=gamma, params=GREEDY, max_new_tokens=16).tokens == expected
+    sampled = generate(t, d, ids, mask, gamma=4, params=SamplingParams(temperature=1.5, seed=5), max_new_tokens=24)
+    for prompt, new in zip(PROMPTS, sampled.tokens):
+        seq = prompt + new
+        assert all(x not in seq[i - 2 : i] for i, x in enumerate(seq) if i >= len(prompt)), seq
+    assert 0 < sampled.stats.accepted_tokens < sampled.stats.draft_tokens
 
 
 # ----------------------------------------------------------------------------------------------------

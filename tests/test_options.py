@@ -14,7 +14,7 @@ from specdec_cli.errors import SpecdecError
 
 # CLI parameter -> options field, where the names differ
 RENAMED = {"draft_int8": "draft_quantized", "draft_int4": "draft_quantized", "task_name": "task"}
-NOT_OPTIONS = {"articles", "audio", "as_json"}  # inputs and output format
+NOT_OPTIONS = {"articles", "audio", "as_json", "output_dir", "skip_existing"}  # inputs, where outputs go (options.check_output)
 
 
 def command(name):

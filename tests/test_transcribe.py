@@ -345,16 +345,17 @@ def bad_audio(tmp_path):
     (tmp_path / "empty.wav").write_bytes(b"")
     (tmp_path / "text.wav").write_text("this is not audio at all\n" * 20)
     sf.write(tmp_path / "zero.wav", np.zeros((0, 1), np.float32), SAMPLE_RATE)
+    (tmp_path / "nothing-here").mkdir()
     return {
         "missing": (tmp_path / "nope.wav", "no such file"),
-        "directory": (tmp_path, "directory"),
+        "folder without audio": (tmp_path / "nothing-here", "no audio files"),
         "empty file": (tmp_path / "empty.wav", "empty"),
         "not audio": (tmp_path / "text.wav", "not a readable audio file"),
         "no samples": (tmp_path / "zero.wav", "no audio"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "empty file", "not audio", "no samples"])
+@pytest.mark.parametrize("case", ["missing", "folder without audio", "empty file", "not audio", "no samples"])
 def test_bad_input_is_one_line_exit_2(case, tmp_path, tiny_dir):
     path, words = bad_audio(tmp_path)[case]
     r = transcribe_cli(path, *tiny_args(tiny_dir))

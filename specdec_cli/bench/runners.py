@@ -44,7 +44,7 @@ RUNNERS: dict[str, Runner] = {
     "summarize": Runner(options.SummarizeOptions, summarize.read_article, summarize.load_pair, summarize.summarize,
                         "articles", (".txt",), "*.txt articles"),
     "transcribe": Runner(options.TranscribeOptions, lambda p: (p, audio.load_audio(p)), transcribe.load_pair,
-                         _transcribe, "audio", (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", ".raw", ".pcm"),
+                         _transcribe, "audio", audio.AUDIO_SUFFIXES,
                          "audio files"),
 }
 

@@ -17,9 +17,10 @@ import torch
 
 from specdec_cli import internals
 
-# logits [B, T, V], positions [B, T] of the tokens these logits predict -> logits (e.g. −inf where
-# a token is suppressed)
-LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# logits [B, T, V], positions [B, T] of the tokens these logits predict, tokens [B, S]: the token of every
+# slot up to the last logits row's input (−1 where a slot is not in the row's sequence: padding, holes);
+# logits row t reads the first S − (T − 1 − t) slots -> logits (e.g. −inf where a token is suppressed)
+LogitsHook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Decoder:
@@ -37,6 +38,7 @@ class Decoder:
         self.logits_hook = logits_hook
         self.cache = None
         self.length = 0  # slots in the cache
+        self.seen = None  # int64 [B, length]: the token in each cache slot, for the logits hook
         params = inspect.signature(model.forward).parameters
         self._keeps_logits = "logits_to_keep" in params
 
@@ -77,9 +79,11 @@ class Decoder:
         """tokens [B, T], mask [B, length+T] bool or None (all valid), positions [B, T]
         -> logits [B, T, V] (the last `keep` positions only, when keep > 0); the cache grows by T."""
         logits = self._call(tokens, mask, positions, keep)
+        self.seen = torch.cat([self.seen[:, : self.length], tokens], 1) if self.length else tokens
         self.length += tokens.shape[1]
         if self.logits_hook is not None:
-            logits = self.logits_hook(logits, positions[:, -logits.shape[1] :] + 1)
+            seen = self.seen if mask is None else self.seen.masked_fill(~mask[:, : self.length], -1)
+            logits = self.logits_hook(logits, positions[:, -logits.shape[1] :] + 1, seen)
         return logits
 
     def prefill(self, tokens, mask, positions) -> None:
@@ -87,7 +91,7 @@ class Decoder:
         self.reset()
         if tokens.shape[1] > 0:
             self._call(tokens, mask, positions, keep=1)
-            self.length = tokens.shape[1]
+            self.length, self.seen = tokens.shape[1], tokens
 
     def crop(self, length: int) -> None:
         """Drop every slot from `length` on (no recomputation of the prefix)."""
@@ -99,6 +103,7 @@ class Decoder:
         """Keep only these batch rows (int64 [B'])."""
         if self.length > 0:
             self.cache.batch_select_indices(rows)
+            self.seen = self.seen.index_select(0, rows)
         self.forward_kwargs = {k: _select_rows(v, rows) for k, v in self.forward_kwargs.items()}
 
 

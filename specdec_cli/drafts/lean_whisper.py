@@ -1,11 +1,12 @@
 """The self draft of Whisper: the target's own decoder weights, run by a lean decoding step.
 
 LeanDraft keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
-output layer over token ids [0, N) and <|endoftext|> only (−inf elsewhere: zero probability off the subset,
-which exact verification allows, and greedy verification compares argmaxes), and runs them in plain torch ops
-with int4 weights on a CPU instead of transformers' modules over bf16 weights. At batch 1 a step's time is the
-time to read its weights, and torch's bf16 GEMV reads them slowly on a CPU; the int4 GEMV reads a quarter of
-the bytes. Why every layer and not fewer: measured, see options.TranscribeOptions.
+output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids when the task decodes them
+(−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
+compares argmaxes), and runs them in plain torch ops with int4 weights on a CPU instead of transformers'
+modules over bf16 weights. At batch 1 a step's time is the time to read its weights, and torch's bf16 GEMV
+reads them slowly on a CPU; the int4 GEMV reads a quarter of the bytes. Why every layer and not fewer:
+measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class LeanDraft(Decoder):
             self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
             self.head = lin(weight.index_select(0, self.keep))  # [N', d]
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.timestamps = self.keep is None  # its output layer scores the timestamp ids (self_draft: or when asked to)
         self.keys = self.values = None
         head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
         self.description = f"layers {list(layers)}, {head}" + (", int4" if self.int4 else "")
@@ -176,24 +178,34 @@ class LeanDraft(Decoder):
     def prefill(self, tokens, mask, positions) -> None:
         self.reset()
         self._layers(tokens, mask, positions)  # no output layer: the prompt's logits are never read
-        self.length = tokens.shape[1]
+        self.length, self.seen = tokens.shape[1], tokens
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 
     def select(self, rows: torch.Tensor) -> None:
         self.keys, self.values = self.keys.index_select(1, rows), self.values.index_select(1, rows)
+        self.seen = self.seen.index_select(0, rows)
         self.kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.kv]
 
 
+def head_extras(target: LoadedModel, timestamps: bool = False) -> list[int]:
+    """The ids a reduced draft output layer scores beyond [0, N): EOT, and with timestamps every timestamp
+    id (the top of the vocabulary), so that the draft can propose what the timestamp rules ask for."""
+    ids = special_ids(target)
+    times = range(ids.timestamp_begin, target.output_size) if timestamps and ids.timestamp_begin is not None else ()
+    return [ids.eot, *times]
+
+
 def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | None = None,
-               int4: bool = True) -> LeanDraft:
+               int4: bool = True, timestamps: bool = False) -> LeanDraft:
     """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDraft
-    over those decoder layers with an output layer over [0, head_size) ∪ {EOT} (None, 0 or ≥ V: the whole
+    over those decoder layers with an output layer over [0, head_size) ∪ head_extras (None, 0 or ≥ V: the whole
     output layer), int4 weights on a CPU unless int4=False."""
     layers = spec.self_layers(draft_spec, len(decoder_layers(target)))
     if layers is None:
         raise ValueError(f"not a self draft: {draft_spec!r}")
-    draft = LeanDraft(target.model, layers, head_size or None, extra_ids=[special_ids(target).eot], int4=int4)
+    draft = LeanDraft(target.model, layers, head_size or None, extra_ids=head_extras(target, timestamps), int4=int4)
+    draft.timestamps = draft.keep is None or timestamps  # its output layer scores the timestamp ids
     draft.name = f"{target.name} ({draft.description})"
     return draft

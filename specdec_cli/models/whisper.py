@@ -21,6 +21,7 @@ from specdec_cli.models.loading import Family, LoadedModel, load_model
 from specdec_cli.models.progress import status
 
 EMBEDDED_DEFAULT = "base"  # what a bare `--target embedded` means
+TIME_PER_TOKEN = 0.02  # seconds between timestamp tokens: <|0.00|>, <|0.02|>, ... <|30.00|>
 
 
 def cross_attention_dtype(model) -> torch.dtype:
@@ -94,6 +95,8 @@ class SpecialIds:
     translate: int | None
     languages: dict  # "en" → id (empty for an English-only model)
     multilingual: bool
+    timestamp_begin: int | None = None  # <|0.00|>; ids from it to the vocabulary's end are times, 0.02 s apart
+    max_initial_timestamp: int = 50  # the first timestamp is at most <|1.00|> (OpenAI's max_initial_timestamp)
 
 
 def _token_id(tokenizer, token: str) -> int | None:
@@ -121,14 +124,21 @@ def special_ids(model: LoadedModel) -> SpecialIds:
     task_to_id = getattr(g, "task_to_id", None) or {}
     no_ts = getattr(g, "no_timestamps_token_id", None)
     no_speech = _token_id(tok, "<|nospeech|>") or _token_id(tok, "<|nocaptions|>")
+    no_ts = int(no_ts) if no_ts is not None else _token_id(tok, "<|notimestamps|>")
+    ts_begin = _token_id(tok, "<|0.00|>")  # right after <|notimestamps|> in every Whisper vocabulary
+    if ts_begin is None or no_ts is None or ts_begin != no_ts + 1 or ts_begin >= model.output_size:
+        ts_begin = None
+    initial = getattr(g, "max_initial_timestamp_index", None)
     return SpecialIds(
         eot=int(eot), sot=int(sot),
-        no_timestamps=int(no_ts) if no_ts is not None else _token_id(tok, "<|notimestamps|>"),
+        no_timestamps=no_ts,
         no_speech=no_speech,
         transcribe=task_to_id.get("transcribe", _token_id(tok, "<|transcribe|>")),
         translate=task_to_id.get("translate", _token_id(tok, "<|translate|>")),
         languages={t.strip("<|>"): int(i) for t, i in lang_to_id.items()} if multilingual else {},
         multilingual=bool(multilingual),
+        timestamp_begin=ts_begin,
+        **({} if initial is None else {"max_initial_timestamp": int(initial)}),
     )
 
 
@@ -148,11 +158,18 @@ def check_language_task(target: LoadedModel, language: str, task: str) -> None:
         raise SpecdecError(f"model '{target.name}' lacks the <|{task}|> token")
 
 
-def prompt_ids(ids: SpecialIds, language: str | None, task: str) -> list[int]:
-    """[<sot>, <lang>, <task>, <notimestamps>] (English-only: [<sot>, <notimestamps>]); timestamps off."""
+def check_timestamps(target: LoadedModel) -> None:
+    """Refuse, in one line, --timestamps with a model whose vocabulary has no timestamp tokens."""
+    if special_ids(target).timestamp_begin is None:
+        raise SpecdecError(f"--timestamps: '{target.name}' has no timestamp tokens (<|0.00|> after <|notimestamps|>)")
+
+
+def prompt_ids(ids: SpecialIds, language: str | None, task: str, timestamps: bool = False) -> list[int]:
+    """[<sot>, <lang>, <task>, <notimestamps>] (English-only: [<sot>, <notimestamps>]); with timestamps the
+    last token is left out, so that the model writes them."""
     out = [ids.sot]
     if ids.multilingual:
         out += [ids.languages[language or "en"], ids.translate if task == "translate" else ids.transcribe]
-    if ids.no_timestamps is not None:
+    if ids.no_timestamps is not None and not timestamps:
         out.append(ids.no_timestamps)
     return out

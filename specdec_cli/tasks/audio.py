@@ -17,6 +17,23 @@ from specdec_cli.errors import SpecdecError, warn
 SAMPLE_RATE = 16_000  # Whisper's input rate
 WINDOW_SECONDS = 30.0  # Whisper's receptive field: 3000 mel frames of 10 ms
 RAW_SUFFIXES = (".raw", ".pcm")  # headerless: read as 16 kHz mono signed 16-bit little-endian (pocketsphinx's)
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", *RAW_SUFFIXES)  # what a folder's audio is
+
+
+def audio_files(paths) -> list[str]:
+    """`paths` with each folder among them replaced by the audio files inside it (AUDIO_SUFFIXES, sorted, not
+    recursive); a folder with none raises SpecdecError. Files are kept as given (load_audio checks them)."""
+    out = []
+    for path in map(str, paths):
+        p = Path(path)
+        if not p.is_dir():
+            out.append(path)
+            continue
+        found = sorted(str(f) for f in p.iterdir() if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
+        if not found:
+            raise SpecdecError(f"{p}: a folder with no audio files in it ({', '.join(AUDIO_SUFFIXES)})")
+        out.extend(found)
+    return out
 
 
 def load_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

@@ -11,8 +11,10 @@ Per input file:
                   → the probe: one decoder step on <|startoftranscript|>: the language (multilingual model,
                     --language auto: detected on the file's first window with speech) and the no-speech
                     probability (above options' no_speech_threshold the window is silence: no hallucinated text)
-                  → generate(target, draft) on [<sot>, <lang>, <task>, <notimestamps>], timestamps off
-    → the windows' texts joined with one space (the cuts lie in pauses: no word is split, dropped or doubled).
+                  → generate(target, draft) on [<sot>, <lang>, <task>, <notimestamps>]; with timestamps on
+                    [<sot>, <lang>, <task>], the timestamp rules in the logits hook (whisper_scoring.TimestampRules)
+    → the windows' texts joined with one space (the cuts lie in pauses: no word is split, dropped or doubled);
+      segments: one per window, or with timestamps the model's own, their times offset by the window's start.
 
 The default draft, `self`, is the target's own decoder in a lean int4 decoding step with a reduced output layer
 (drafts/lean_whisper.py). The draft proposes γ tokens one at a time, then the target scores the γ+1 slots in one
@@ -43,8 +45,8 @@ from specdec_cli.drafts import lean_whisper
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import LoadedModel
-from specdec_cli.models.whisper import (WHISPER, SpecialIds, check_language_task, cross_attention_dtype, decoder_layers,
-                                        prompt_ids, special_ids)
+from specdec_cli.models.whisper import (TIME_PER_TOKEN, WHISPER, SpecialIds, check_language_task, check_timestamps,
+                                        cross_attention_dtype, decoder_layers, prompt_ids, special_ids)
 from specdec_cli.options import TranscribeOptions
 from specdec_cli.tasks.audio import SAMPLE_RATE, AudioWindow, is_silent, librivox_clips, load_audio, windows
 from specdec_cli.tasks.whisper_scoring import ExactScorer, Suppressor, WindowDecoder, cross_kv
@@ -74,7 +76,8 @@ class Transcript:
     text: str
     finish_reason: str  # "eos", "length" (a window hit --max-new-tokens), or "silence"
     stats: TranscribeStats
-    segments: list[tuple[float, float, str]] = field(default_factory=list)  # (start s, end s, text) per window
+    # (start s, end s, text): one per window, or with timestamps one per segment the model timed
+    segments: list[tuple[float, float, str]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -88,6 +91,7 @@ class _Window:
     silent: bool
     text: str = ""
     finish: str = "silence"
+    segments: list[tuple[float, float, str]] = field(default_factory=list)  # with timestamps
 
 
 def _clock(device) -> float:
@@ -130,17 +134,24 @@ def transcribe(
     *,
     audios: Sequence[np.ndarray] | None = None,
     on_window=None,
+    on_transcript=None,
     **overrides,
 ) -> list[Transcript]:
     """Transcripts of `inputs` (paths, read with load_audio unless `audios` gives the 16 kHz samples), in input
     order. draft: a LeanDraft or a ModelDraft (load_pair), None for mode autoregressive. options: the
     TranscribeOptions (default: the CLI's defaults), with `overrides` applied (e.g. mode="autoregressive").
-    on_window(done, total) after each batch of windows."""
+    on_window(done, total) after each batch of windows; on_transcript(transcript) as soon as an input's last
+    window is decoded (in input order: e.g. to write its file then)."""
     opts = (options or TranscribeOptions()).replace(**overrides).validate()
     if opts.speculative and draft is None:
         raise SpecdecError(f"mode {opts.mode!r} needs a draft model")
+    if opts.speculative and opts.timestamps and not draft.timestamps:
+        raise SpecdecError("--timestamps: this draft's output layer leaves out the timestamp tokens "
+                           "(load it with timestamps=True)")
     language = (opts.language or "auto").lower()
     check_language_task(target, language, opts.task)
+    if opts.timestamps:
+        check_timestamps(target)
     ids = special_ids(target)
     speculative = opts.speculative
     vocab = draft.vocab if speculative else target.output_size
@@ -153,10 +164,10 @@ def transcribe(
     if len(audios) != len(inputs):
         raise ValueError("one audio per input")
 
-    prompt_len = len(prompt_ids(ids, "en" if ids.multilingual else None, opts.task))
+    prompt_len = len(prompt_ids(ids, "en" if ids.multilingual else None, opts.task, opts.timestamps))
     limit = int(getattr(whisper.config, "max_target_positions", 448)) - prompt_len
     max_new = max(1, min(opts.max_new_tokens, limit))
-    hook = Suppressor(target, prompt_len, vocab)
+    hook = Suppressor(target, prompt_len, vocab, opts.timestamps)
     batch_size = opts.batch_size
 
     stats = [TranscribeStats(opts.mode, opts.gamma if speculative else 0, opts.gamma_schedule, batch_size,
@@ -176,6 +187,26 @@ def transcribe(
         if w.silent:
             stats[w.input].silent_windows += 1
 
+    out: list[Transcript] = []
+    last_todo = {w.input: k for k, w in enumerate(todo)}  # input -> its last window that reaches the model
+
+    def finish_inputs(decoded: int) -> None:
+        """Transcripts of the inputs, in order, whose windows are all among the first `decoded` of todo."""
+        while len(out) < len(inputs) and last_todo.get(len(out), -1) < decoded:
+            i = len(out)
+            mine = [w for w in work if w.input == i]
+            s = stats[i]
+            s.language = langs[i]
+            s.decoder_s = s.wall_s
+            reasons = {w.finish for w in mine}
+            reason = "length" if "length" in reasons else "eos" if "eos" in reasons else "silence"
+            segs = ([seg for w in mine for seg in w.segments] if opts.timestamps else
+                    [(w.window.start_s, w.window.start_s + w.window.duration_s, w.text) for w in mine])
+            out.append(Transcript(inputs[i], " ".join(w.text for w in mine if w.text), reason, s.finish(), segs))
+            if on_transcript:
+                on_transcript(out[-1])
+
+    finish_inputs(0)
     with torch.inference_mode():
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
@@ -210,7 +241,8 @@ def transcribe(
                     td = _clock(device)
                     draft_dec = draft.for_window([batch[r].window.audio for r in keep], enc_k, kv_k, hook)
                     t_draft_enc = _clock(device) - td
-                prompts = torch.tensor([prompt_ids(ids, langs[batch[r].input], opts.task) for r in keep], device=device)
+                prompts = torch.tensor([prompt_ids(ids, langs[batch[r].input], opts.task, opts.timestamps) for r in keep],
+                                       device=device)
                 results = generate(
                     target_dec, draft_dec, prompts, mode=opts.mode, gamma=opts.gamma,
                     gamma_schedule=schedule, params=params, max_new_tokens=max_new,
@@ -220,6 +252,9 @@ def transcribe(
                 for j, r in enumerate(keep):
                     w = batch[r]
                     tokens = [t for t in results.tokens[j] if t != ids.eot]
+                    if opts.timestamps:
+                        w.segments = timed_segments(tokens, ids.timestamp_begin, w.window, target.tokenizer)
+                        tokens = [t for t in tokens if t < ids.timestamp_begin]
                     w.text = target.tokenizer.decode(tokens, skip_special_tokens=True).strip()
                     w.finish = results.finish_reasons[j]
             t5 = _clock(device)
@@ -235,18 +270,33 @@ def transcribe(
                 s.finish_reasons.extend(batch[r].finish for r in range(len(batch)) if batch[r].input == i)
             if on_window:
                 on_window(min(start + batch_size, len(todo)), len(todo))
+            finish_inputs(start + len(batch))
 
-    out = []
-    for i, name in enumerate(inputs):
-        mine = [w for w in work if w.input == i]
-        text = " ".join(w.text for w in mine if w.text)
-        s = stats[i]
-        s.language = langs[i]
-        s.decoder_s = s.wall_s
-        reasons = {w.finish for w in mine}
-        reason = "length" if "length" in reasons else "eos" if "eos" in reasons else "silence"
-        segs = [(w.window.start_s, w.window.start_s + w.window.duration_s, w.text) for w in mine]
-        out.append(Transcript(name, text, reason, s.finish(), segs))
+    return out
+
+
+def timed_segments(tokens: Sequence[int], begin: int, window: AudioWindow, tokenizer) -> list[tuple[float, float, str]]:
+    """The segments of one window's tokens, Whisper's way: <|t0|> text <|t1|> (then <|t1|> text <|t2|> ...).
+    Times are the window's start + (id − begin) × 0.02 s, at most its end; a text with no closing time (EOT or
+    the token budget came first) ends at the window's end; empty texts are left out."""
+    out, start, text, end = [], window.start_s, [], window.start_s + window.duration_s
+
+    def close(end: float):
+        words = tokenizer.decode(text, skip_special_tokens=True).strip()
+        if words:
+            out.append((start, max(start, end), words))
+
+    for t in tokens:
+        if t < begin:
+            text.append(t)
+            continue
+        time = min(window.start_s + (t - begin) * TIME_PER_TOKEN, end)
+        if text:  # a segment's end
+            close(time)
+            text = []
+        start = time
+    if text:
+        close(end)
     return out
 
 
@@ -286,10 +336,12 @@ def _same_encoder(a, b) -> bool:
 class ModelDraft:
     """Another Whisper model as the draft (same vocabulary): its own decoder, fed the target's encoder output
     when the two encoders have the same weights, else its own encoder's. For the task, a draft is anything
-    with `vocab` and `for_window(audio, encoded, kv, hook) -> Decoder` (lean_whisper.LeanDraft is the other)."""
+    with `vocab`, `timestamps` (its output layer scores the timestamp ids) and `for_window(audio, encoded, kv,
+    hook) -> Decoder` (lean_whisper.LeanDraft is the other)."""
 
-    def __init__(self, loaded: LoadedModel, target: LoadedModel, vocab: int):
+    def __init__(self, loaded: LoadedModel, target: LoadedModel, vocab: int, timestamps: bool = True):
         self.loaded, self.vocab, self.name = loaded, vocab, loaded.name
+        self.timestamps = timestamps  # its output layer scores the timestamp ids
         self.shares_encoder = _same_encoder(target.model, loaded.model)
 
     def for_window(self, audio, encoded, kv, hook=None) -> WindowDecoder:
@@ -300,16 +352,19 @@ class ModelDraft:
 
 def _draft_makers(opts: TranscribeOptions) -> dict:
     """How a draft is made for a Whisper target (drafts.load_draft): `self…` is a LeanDraft with the draft_vocab
-    first ids and EOT in its output layer; another model keeps those rows of its head and becomes a ModelDraft."""
+    first ids, EOT and (with timestamps) the timestamp ids in its output layer; another model keeps those rows
+    of its head and becomes a ModelDraft."""
 
     def self_draft(target, spec):
-        return lean_whisper.self_draft(target, spec, opts.draft_vocab, opts.draft_quantized)
+        return lean_whisper.self_draft(target, spec, opts.draft_vocab, opts.draft_quantized, opts.timestamps)
 
     def adopt(target, draft, vocab):
-        if 0 < opts.draft_vocab < draft.output_size:
-            keep = torch.cat([frequent_ids(opts.draft_vocab, draft.output_size), torch.tensor([special_ids(target).eot])])
+        restricted = 0 < opts.draft_vocab < draft.output_size
+        if restricted:
+            extra = lean_whisper.head_extras(target, opts.timestamps)
+            keep = torch.cat([frequent_ids(opts.draft_vocab, draft.output_size), torch.tensor(extra)]).unique()
             restrict_head(draft.model, keep)
-        return ModelDraft(draft, target, vocab)
+        return ModelDraft(draft, target, vocab, timestamps=opts.timestamps or not restricted)
 
     return {"self_draft": self_draft, "adopt": adopt}
 
