@@ -7,6 +7,7 @@ CPU has it, the auto γ schedule, γ ≤ 4), all cores unless --threads.
     lookup             prompt lookup, no second model (drafts/lookup.py)
     lookup+embedded    lookup where an n-gram matches, the model draft elsewhere
     hf-lookup          transformers' generate(prompt_lookup_num_tokens=γ) on the same target: the tool people use
+    NAME@G             NAME with --gamma G (e.g. lookup@8: longer proposals)
 
 Decode-only tokens/s (prefill excluded) and wall tokens/s (prefill included); whether each output equals the
 autoregressive one token for token; acceptance and tokens per target call.
@@ -59,14 +60,16 @@ def main():
     for article in articles:
         want = None
         for name in contenders:
-            if name == "hf-lookup":
-                tokens, wall = hf_lookup(target, article, opts)
+            base, _, g = name.partition("@")
+            o = opts.replace(gamma=int(g)) if g else opts
+            if base == "hf-lookup":
+                tokens, wall = hf_lookup(target, article, o)
                 text = target.tokenizer.decode([t for t in tokens if t not in task.eos_ids(target.tokenizer, target.model)],
                                                skip_special_tokens=True).strip()
                 row = {"new_tokens": len(tokens), "wall_s": wall}
             else:
-                mode = "autoregressive" if name == "autoregressive" else opts.mode
-                (s,) = task.summarize(target, drafts.get(name), [article], opts, mode=mode)
+                mode = "autoregressive" if base == "autoregressive" else o.mode
+                (s,) = task.summarize(target, drafts.get(base), [article], o, mode=mode)
                 text, st = s.text, s.stats
                 row = {"new_tokens": st.new_tokens, "wall_s": st.wall_s, "prefill_s": st.prefill_s,
                        "decode_tok_s": st.new_tokens / (st.wall_s - st.prefill_s), "target_calls": st.target_calls,
