@@ -28,7 +28,8 @@ from specdec_cli.models.whisper import (check_language_task, cross_attention_dty
                                         special_ids)
 from specdec_cli.tasks import transcribe as T
 from specdec_cli.tasks.audio import SAMPLE_RATE, librivox_clips, load_audio
-from specdec_cli.tasks.whisper_scoring import ExactScorer, RowLinear, WindowDecoder, _row_linear, cross_kv
+from specdec_cli.models.exact_rows import RowLinear, row_linear
+from specdec_cli.tasks.whisper_scoring import ExactScorer, WindowDecoder, cross_kv
 
 runner = CliRunner()
 DATA = Path("/usr/share/pocketsphinx/test/data")
@@ -217,8 +218,8 @@ def test_a_lone_row_is_computed_as_the_first_of_two():
     with torch.inference_mode():
         assert torch.equal(row(x), lin(torch.cat([x, x], 1))[:, :1])
         assert torch.equal(row(torch.cat([x, x], 1)), lin(torch.cat([x, x], 1)))
-    assert isinstance(_row_linear(lin), RowLinear) and _row_linear(lin.float()) is not None
-    assert not isinstance(_row_linear(torch.nn.Linear(4, 4)), RowLinear)
+    assert isinstance(row_linear(lin), RowLinear) and row_linear(lin.float()) is not None
+    assert not isinstance(row_linear(torch.nn.Linear(4, 4)), RowLinear)
 
 
 @pytest.mark.slow

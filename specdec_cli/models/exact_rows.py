@@ -12,7 +12,8 @@ Norms, rotary embeddings and activations compute a row alone. So:
     sdpa_by_rows     a pass of up to ROWS queries, one query at a time over the keys a step would see
     exact_rows       a shallow copy of a causal LM (weights, buffers shared) made of the three above
 
-tests/test_summarize.py checks a real model's pass rows against its steps, bit for bit.
+tests/test_summarize.py (SmolLM2) and tests/test_transcribe.py (Whisper base) check a pass's rows against steps,
+bit for bit; tasks/whisper_scoring.py builds Whisper's decoder from the same pieces.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def needs_rows(weight: torch.Tensor) -> bool:
 
 
 def row_linear(linear: nn.Module) -> nn.Module:
-    """RowLinear(linear) where needs_rows, else `linear` itself."""
-    return RowLinear(linear) if needs_rows(linear.weight) else linear
+    """RowLinear(linear) for an nn.Linear where needs_rows, else `linear` itself (e.g. an int8 layer)."""
+    return RowLinear(linear) if type(linear) is nn.Linear and needs_rows(linear.weight) else linear
 
 
 def step_attention(module, query, key, value, attention_mask, **kwargs):
