@@ -195,6 +195,10 @@ class TranscribeOptions(DecodeOptions):
     language: str = "auto"  # detected per file (English-only models: en), or a code: en, de, fr, ...
     task: str = "transcribe"  # or translate (into English; multilingual models only)
     no_speech_threshold: float = 0.6  # P(<|nospeech|>) above this: the window is silence (OpenAI's default)
+    # int8 weights for the target's decoder linears and output layer on a CPU (models/int8.py; the encoder stays:
+    # int8 did not make it faster): faster, and no longer the unmodified model (measured against it by WER and
+    # identical transcripts: benchmarks/README.md). Off: the default is the model itself.
+    target_int8: bool = False
 
     def validate(self):
         super().validate()

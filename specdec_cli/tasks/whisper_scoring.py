@@ -93,8 +93,10 @@ class RowLinear(nn.Module):
 
 
 def _row_linear(linear: nn.Module) -> nn.Module:
-    """RowLinear(linear) on a CPU in bf16/fp16, where greedy equality rests on rows computing alike; else
-    `linear` itself."""
+    """RowLinear(linear) for an nn.Linear on a CPU in bf16/fp16, where greedy equality rests on rows computing
+    alike; else `linear` itself."""
+    if type(linear) is not nn.Linear:  # e.g. models.int8.Int8Linear (--target-int8)
+        return linear
     w = linear.weight
     return RowLinear(linear) if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) else linear
 
