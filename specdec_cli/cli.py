@@ -217,6 +217,7 @@ def bench(
     peers: Annotated[Optional[str], typer.Option(help="Other tools run beside, on the same inputs and threads, comma-separated: faster-whisper (transcribe; pip install 'specdec[peers]'; float32 and int8, fed the embedded Whisper's CTranslate2 files). One that is not installed is skipped with one line.")] = None,
     draft_stop: Annotated[Optional[float], typer.Option(help=f"A task's --draft-stop, as for specdec summarize|transcribe (default: summarize {S.draft_stop}, transcribe {T.draft_stop}).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help=f"A task: new tokens per input (default: summarize {S.max_new_tokens}, transcribe {T.max_new_tokens} per 30 s window).")] = None,
+    language: Annotated[Optional[str], typer.Option(help=f"transcribe: the language, as for specdec transcribe (default: {T.language}); --peers run with it too.")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="A task: 0 = greedy (default; every mode then verifies by argmax match), > 0 samples and compares the verifications.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write every figure, the command line and the machine as JSON.")] = None,
     csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per (grid point, mode).")] = None,
@@ -256,7 +257,7 @@ def bench(
 
     opt.one_of("--task", task, cfg.TASKS)
     task_options = {"data": data, "limit": limit, "target": target, "draft": draft, "draft_stop": draft_stop,
-                    "max_new_tokens": max_new_tokens, "temperature": temperature}
+                    "max_new_tokens": max_new_tokens, "temperature": temperature, "language": language}
     sweeps = {"draft_vocab": draft_vocab, "draft_quantized": draft_quantized, "gamma_schedule": gamma_schedule,
               "target_int8": target_int8, "peers": peers}
     thread_counts = cfg.parse_threads(threads)

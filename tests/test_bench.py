@@ -675,7 +675,8 @@ def test_faster_whisper_missing_is_one_line_and_the_bench_runs(monkeypatch, tmp_
 @pytest.mark.parametrize("args, message", [(["--peers", "whisper.cpp"], "--peers"),
                                            (["--task", "summarize", "--peers", "faster-whisper"], "--task transcribe"),
                                            (["--task", "summarize", "--target-int8", "on"], "--target-int8"),
-                                           (["--target-int8", "maybe"], "--target-int8")])
+                                           (["--target-int8", "maybe"], "--target-int8"),
+                                           (["--task", "summarize", "--language", "en"], "--language")])
 def test_peer_and_target_int8_bad_options_exit_2(args, message):
     r = runner.invoke(app, ["bench", "--task", "transcribe", "--device", "cpu", "--target", "/no/model/needed", *args])
     assert r.exit_code == 2, r.output

@@ -201,6 +201,8 @@ class TaskConfig:
             options.one_of("--peers", p, peers.PEERS)
             if peers.PEERS[p].task != self.task:
                 raise SpecdecError(f"--peers {p} runs beside --task {peers.PEERS[p].task}, not {self.task}")
+        if self.options.get("language") is not None and self.task != "transcribe":
+            raise SpecdecError(f"--language is for --task transcribe, not {self.task}")
         if self.target_int8 and any(self.target_int8) and self.task != "transcribe":
             raise SpecdecError(f"--target-int8 is for --task transcribe, not {self.task}")
         if self.options.get("limit") is not None:

@@ -53,7 +53,8 @@ RUNNERS: dict[str, Runner] = {
 # --max-new-tokens); an option left out is the CLI's default. Library callers may also pass "inputs" (paths)
 # and "references" (texts) instead of "data".
 # Any other field of the task's options class (e.g. "language") may be given too, by library callers.
-TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "draft_stop", "max_new_tokens", "temperature")
+TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "draft_stop", "max_new_tokens", "temperature",
+                "language")
 
 
 def task_options(config) -> options.DecodeOptions:
