@@ -213,8 +213,11 @@ def bench(
     draft: Annotated[Optional[str], typer.Option(help=f"A task's draft model, as for specdec summarize|transcribe (default: summarize {S.draft}, transcribe {T.draft}).")] = None,
     draft_vocab: Annotated[Optional[str], typer.Option(help=f"A task's draft output layer sizes, comma-separated, as for specdec summarize|transcribe (default: summarize {S.draft_vocab}, transcribe {T.draft_vocab}; 0 = full).")] = None,
     draft_quantized: Annotated[Optional[str], typer.Option(help="A task's draft weights: on (summarize int8, transcribe int4; the default), off, or on,off to compare.")] = None,
+    target_int8: Annotated[Optional[str], typer.Option(help="transcribe: the target's weights: off (the default: the model itself), on (int8 decoder linears and output layer, as specdec transcribe --target-int8), or off,on to compare.")] = None,
+    peers: Annotated[Optional[str], typer.Option(help="Other tools run beside, on the same inputs and threads, comma-separated: faster-whisper (transcribe; pip install 'specdec[peers]'; float32 and int8, fed the embedded Whisper's CTranslate2 files). One that is not installed is skipped with one line.")] = None,
     draft_stop: Annotated[Optional[float], typer.Option(help=f"A task's --draft-stop, as for specdec summarize|transcribe (default: summarize {S.draft_stop}, transcribe {T.draft_stop}).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help=f"A task: new tokens per input (default: summarize {S.max_new_tokens}, transcribe {T.max_new_tokens} per 30 s window).")] = None,
+    language: Annotated[Optional[str], typer.Option(help=f"transcribe: the language, as for specdec transcribe (default: {T.language}); --peers run with it too.")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="A task: 0 = greedy (default; every mode then verifies by argmax match), > 0 samples and compares the verifications.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write every figure, the command line and the machine as JSON.")] = None,
     csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per (grid point, mode).")] = None,
@@ -245,6 +248,7 @@ def bench(
       specdec bench --task summarize --gamma 2,4 --temperature 1 --limit 3
       specdec bench --task transcribe --data clips/ --target embedded:tiny.en
       specdec bench --task transcribe --threads 1,all --draft-quantized on,off
+      specdec bench --task transcribe --target-int8 off,on --peers faster-whisper
     """
     from specdec_cli import render
     from specdec_cli.bench import config as cfg
@@ -253,8 +257,9 @@ def bench(
 
     opt.one_of("--task", task, cfg.TASKS)
     task_options = {"data": data, "limit": limit, "target": target, "draft": draft, "draft_stop": draft_stop,
-                    "max_new_tokens": max_new_tokens, "temperature": temperature}
-    sweeps = {"draft_vocab": draft_vocab, "draft_quantized": draft_quantized, "gamma_schedule": gamma_schedule}
+                    "max_new_tokens": max_new_tokens, "temperature": temperature, "language": language}
+    sweeps = {"draft_vocab": draft_vocab, "draft_quantized": draft_quantized, "gamma_schedule": gamma_schedule,
+              "target_int8": target_int8, "peers": peers}
     thread_counts = cfg.parse_threads(threads)
     if task == "synthetic":
         given = [k for k, v in {**task_options, **sweeps}.items() if v is not None]
@@ -279,6 +284,8 @@ def bench(
                                       opt.GAMMA_SCHEDULES),
             draft_vocabs=None if draft_vocab is None else cfg.parse_ints(draft_vocab, "--draft-vocab"),
             draft_quantized=cfg.parse_switches(draft_quantized, "--draft-quantized"),
+            target_int8=cfg.parse_switches(target_int8, "--target-int8"),
+            peers=[] if peers is None else cfg.parse_names(peers, "--peers", cfg.peers.PEERS),
             options={k: (str(v) if isinstance(v, Path) else v) for k, v in task_options.items() if v is not None},
         )
     config.device = resolve_device(device)
@@ -480,6 +487,7 @@ def transcribe(
     output_format: Annotated[str, typer.Option(help=f"{' | '.join(opt.OUTPUT_FORMATS)}: to stdout for one input, or one file per input with --output-dir.")] = T.output_format,
     output_dir: Annotated[Optional[Path], typer.Option(help="Write one file per input here: the input's name with the format's extension.")] = None,
     skip_existing: Annotated[bool, typer.Option("--skip-existing", help="With --output-dir: skip the inputs whose file is already there (resume a folder).")] = False,
+    target_int8: Annotated[bool, typer.Option(help="Give the target int8 weights in its decoder linear layers and output layer (CPU only; the encoder stays): faster, but no longer the unmodified model (its output may differ from the default's; speculative decoding then reproduces the int8 target's own output).")] = T.target_int8,
     as_json: Json = False,
 ):
     """Transcribe speech with a Whisper target and a speculative draft.
@@ -512,7 +520,7 @@ def transcribe(
         top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, batch_size=batch_size, device=device,
         dtype=dtype, backend=backend, alpha=alpha, beta=beta, draft_vocab=draft_vocab, draft_stop=draft_stop,
         draft_quantized=draft_int4, language=language.lower(), task=task_name, timestamps=timestamps,
-        output_format=output_format,
+        output_format=output_format, target_int8=target_int8,
     ).validate()
     files = audio_files(audio)  # folders: the audio files inside
     opt.check_output(opts.output_format, output_dir, skip_existing, len(files), as_json)

@@ -153,6 +153,20 @@ def int4_weight_mm(x, packed, group: int, scales_zeros):
 # ----------------------------------------------------------------------------------------------------
 
 
+def dynamic_int8_linear(linear):
+    """An fp32 nn.Linear as torch's dynamic int8 linear (fbgemm: int8 weights, one scale per output row;
+    activations quantized per call, over the whole call's rows). Relies on: `torch.ao.nn.quantized.dynamic.
+    Linear.from_float` and `torch.ao.quantization.per_channel_dynamic_qconfig` (deprecated, still in 2.13)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        linear.qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+        return torch.ao.nn.quantized.dynamic.Linear.from_float(linear)
+
+
 def check() -> list[str]:
     """What has moved: one line per internal this module relies on and cannot find (empty: all there)."""
     import importlib
@@ -183,6 +197,8 @@ def check() -> list[str]:
     need("PretrainedConfig._attn_implementation", lambda: hasattr(importlib.import_module("transformers").PretrainedConfig(), "_attn_implementation"))
     need("transformers.integrations.sdpa_attention.sdpa_attention_forward",
          attr("transformers.integrations.sdpa_attention", "sdpa_attention_forward"))
+    need("torch.ao.nn.quantized.dynamic.Linear.from_float", lambda: hasattr(torch.ao.nn.quantized.dynamic.Linear, "from_float"))
+    need("torch.ao.quantization.per_channel_dynamic_qconfig", lambda: hasattr(torch.ao.quantization, "per_channel_dynamic_qconfig"))
     need("transformers.modeling_gguf_pytorch_utils.tqdm", attr("transformers.modeling_gguf_pytorch_utils", "tqdm"))
     need("transformers.generation.utils._speculative_sampling", attr("transformers.generation.utils", "_speculative_sampling"))
     need("torch.nn.Module._modules / _parameters / _buffers",

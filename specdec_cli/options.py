@@ -221,6 +221,10 @@ class TranscribeOptions(DecodeOptions):
     no_speech_threshold: float = 0.6  # P(<|nospeech|>) above this: the window is silence (OpenAI's default)
     timestamps: bool = False  # decode Whisper's timestamp tokens: timed segments (on for TIMED_FORMATS)
     output_format: str = "txt"  # one of OUTPUT_FORMATS
+    # int8 weights for the target's decoder linears and output layer on a CPU (models/int8.py; the encoder stays:
+    # int8 did not make it faster): faster, and no longer the unmodified model (measured against it by WER and
+    # identical transcripts: benchmarks/README.md). Off: the default is the model itself.
+    target_int8: bool = False
 
     def __post_init__(self):
         if self.output_format in TIMED_FORMATS:

@@ -267,3 +267,16 @@ def test_seam_loses_no_word(session_model_cache, monkeypatch):
     cut = transcribe(x[lo:seam]) + " " + transcribe(x[seam:hi])
     # a word split by the cut is dropped or heard twice (a cut at 28.3 s doubles "how"): one error more
     assert errors(cut) <= errors(whole), (cut, whole)
+
+
+def test_frame_energy_in_chunks_is_the_whole_input_at_once():
+    """frame_energy works a chunk of frames at a time (bounded memory on an hour of audio); each frame's mean
+    square is the same bit for bit as over the whole input at once, the last frame zero-padded."""
+    from specdec_cli.tasks.audio import frame_energy
+
+    x = np.random.default_rng(0).standard_normal(16000 * 3 + 77).astype(np.float32)
+    padded = np.pad(x.astype(np.float64), (0, (-len(x)) % 160)).reshape(-1, 160)
+    want = np.mean(padded * padded, axis=1)
+    for chunk in (1, 7, 97, 1 << 14):
+        assert np.array_equal(frame_energy(x, 160, chunk_frames=chunk), want)
+    assert frame_energy(x[:0], 160).shape == (0,)

@@ -3,9 +3,11 @@ task framework (aggregation, Leviathan's prediction, outputs) on a fake task run
 transcribe tasks end to end on tiny random models saved locally (arithmetic, ROUGE/WER wiring, files)."""
 
 import csv
+import importlib.util
 import json
 import math
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from specdec_cli.cli import app
 from specdec_cli.errors import SpecdecError
 
 runner = CliRunner()
+EXAMPLE_WAV = os.path.join(os.path.dirname(__file__), "..", "examples", "audio", "librivox-sense-and-sensibility-0870.wav")
 TINY = ["bench", "--task", "synthetic", "--vocab", "1000", "--gamma", "1,3", "--batch", "1", "--repeat", "3",
         "--device", "cpu"]
 
@@ -592,3 +595,90 @@ def test_peak_memory_on_cpu():
     if peak.mib is None:
         pytest.skip("the peak resident set cannot be reset here (not Linux)")
     assert peak.mib >= before.mib + 30
+
+
+# ------------------------------------------------------------------------------------ --peers faster-whisper
+
+
+def _has_embedded_base() -> bool:
+    from specdec_cli.models.whisper_convert import iter_embedded_installed
+
+    return "base" in iter_embedded_installed()
+
+
+def test_aggregate_end_to_end_and_peers():
+    """End to end, every record (int8 target, peers) is set against the unmodified target alone; a peer gets
+    no tokens/s speedup (another tool's tokens), only the share of transcripts equal to autoregressive's."""
+    def rec(mode, e2e, outputs, int8=False, peer=None):
+        return contenders.TaskRecord(
+            task="transcribe", gamma=0 if mode == "autoregressive" or peer else 3, mode=mode, new_tokens=100,
+            wall_s=e2e / 2, tokens_per_s=200 / e2e, acceptance_rate=None, mean_accepted_per_call=None,
+            verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=None,
+            outputs=outputs, threads=2, end_to_end_s=e2e, target_int8=int8, peer=peer)
+
+    recs = contenders.aggregate([rec("autoregressive", 4.0, ["a", "b"]), rec("exact", 2.0, ["a", "b"]),
+                                 rec("autoregressive", 3.0, ["a", "c"], int8=True), rec("exact", 1.0, ["a", "d"], int8=True),
+                                 rec("faster-whisper int8", 5.0, ["x", "b"], peer="faster-whisper")])
+    ar, ex, ar8, ex8, fw = recs
+    assert [r.end_to_end_speedup for r in recs] == pytest.approx([1.0, 2.0, 4 / 3, 4.0, 0.8])
+    assert (ex.speedup, ex8.speedup) == pytest.approx((2.0, 3.0))  # each against its own target's autoregressive
+    assert (ar8.speedup, fw.speedup) == (None, None)
+    assert (ex.same_as_autoregressive, ar8.same_as_autoregressive, ex8.same_as_autoregressive,
+            fw.same_as_autoregressive) == (1.0, 0.5, 0.5, 0.5)
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("faster_whisper") or not _has_embedded_base()
+                    or not os.path.isfile(EXAMPLE_WAV), reason="needs faster-whisper and the embedded Whisper base")
+def test_faster_whisper_peer_records(monkeypatch, tmp_path):
+    """faster-whisper on the embedded base's CTranslate2 files (joined once into the cache): one record per
+    compute type, on the clip given, its WER against the reference, at the thread count given."""
+    from specdec_cli.bench import metrics, peers
+    from specdec_cli.models import cache, whisper_convert
+    from specdec_cli.tasks.audio import load_audio, reference_for
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    audio = load_audio(EXAMPLE_WAV)[: 8 * 16000]
+    refs = [" ".join(reference_for(EXAMPLE_WAV).split()[:4])]
+    records = peers.faster_whisper_records("embedded", [audio], refs, threads=1, language="en", max_new_tokens=60)
+    assert [r.mode for r in records] == ["faster-whisper float32", "faster-whisper int8"]
+    for r in records:
+        assert r.peer == "faster-whisper" and r.threads == 1 and r.new_tokens > 0 and r.end_to_end_s == r.wall_s > 0
+        assert r.outputs[0] and r.quality["wer"] == pytest.approx(metrics.wer(r.outputs, refs))
+    entry = cache.read_entry(whisper_convert.ct2_cache_key("base"))
+    assert entry["format"] == "ctranslate2" and cache.damage(whisper_convert.ct2_cache_key("base")) is None
+    parts = whisper_convert.locate_embedded("base").model_parts
+    assert (tmp_path / "models" / "ct2-whisper-base" / "model.bin").stat().st_size == sum(p.stat().st_size for p in parts)
+
+
+def test_faster_whisper_missing_is_one_line_and_the_bench_runs(monkeypatch, tmp_path):
+    """Without faster-whisper the bench says so in one line and runs the rest; the runner adds no record."""
+    from specdec_cli.bench import peers
+
+    monkeypatch.setitem(sys.modules, "faster_whisper", None)  # `import faster_whisper` now raises ImportError
+    seen = {}
+
+    def fake_runner(config, progress):
+        seen["config"] = config
+        seen["peer_records"] = runners.run_peers(config, [], None, 1, progress)
+        return _fake_records("transcribe")
+
+    monkeypatch.setattr(runners, "run_task", fake_runner)
+    r = runner.invoke(app, ["bench", "--task", "transcribe", "--gamma", "1,3,5", "--modes", "baseline,exact",
+                            "--device", "cpu", "--peers", "faster-whisper", "--json"])
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stderr.splitlines() if "faster" in line]
+    assert len(lines) == 1 and "skipped" in lines[0] and peers.INSTALL in lines[0], r.stderr
+    assert seen["config"].peers == ["faster-whisper"] and seen["peer_records"] == []
+    assert len(json.loads(r.stdout)["results"]) == 5
+
+
+@pytest.mark.parametrize("args, message", [(["--peers", "whisper.cpp"], "--peers"),
+                                           (["--task", "summarize", "--peers", "faster-whisper"], "--task transcribe"),
+                                           (["--task", "summarize", "--target-int8", "on"], "--target-int8"),
+                                           (["--target-int8", "maybe"], "--target-int8"),
+                                           (["--task", "summarize", "--language", "en"], "--language")])
+def test_peer_and_target_int8_bad_options_exit_2(args, message):
+    r = runner.invoke(app, ["bench", "--task", "transcribe", "--device", "cpu", "--target", "/no/model/needed", *args])
+    assert r.exit_code == 2, r.output
+    lines = _lines(r)
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.output, r.output

@@ -522,3 +522,43 @@ def test_base_cli_default_models(base, session_model_cache, monkeypatch):
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
     assert wer(obj["text"], ref) <= 0.2 and obj["mode"] == "exact" and obj["stats"]["draft_tokens"] > 0
+
+
+def test_target_int8_quantizes_the_decoder_and_stays_close(tiny_dir, speech_wav):
+    """--target-int8: the decoder's linears and the output layer become int8 (the encoder stays), the logits
+    stay near the unquantized ones, and the bench sweeps it with its own autoregressive reference, compared
+    with the unquantized target's transcripts ("= AR" of the int8 autoregressive record)."""
+    from torch import nn
+
+    from specdec_cli.bench import config, contenders, runners
+    from specdec_cli.models.int8 import Int8Linear
+    from specdec_cli.options import TranscribeOptions
+
+    opts = TranscribeOptions(target=str(tiny_dir), dtype="float32", device="cpu", draft_vocab=150)
+    plain, _ = T.load_pair(opts.replace(mode="autoregressive"), progress=False)
+    q, draft = T.load_pair(opts.replace(target_int8=True), progress=False)
+    assert draft is not None and q.output_size == plain.output_size
+    linears = lambda m: [type(x) for x in m.modules() if type(x) in (nn.Linear, Int8Linear)]  # noqa: E731
+    assert set(linears(q.model.model.decoder)) == {Int8Linear} and type(q.model.proj_out) is Int8Linear
+    assert set(linears(q.model.model.encoder)) == {nn.Linear}
+    torch.manual_seed(0)
+    feats = torch.randn(1, q.model.config.num_mel_bins, 2 * q.model.config.max_source_positions)
+    tokens = torch.tensor([[T.special_ids(q).sot, 5, 7, 9]])
+    with torch.inference_mode():
+        want = plain.model(input_features=feats, decoder_input_ids=tokens).logits
+        got = q.model(input_features=feats, decoder_input_ids=tokens).logits
+    assert not torch.equal(got, want) and ((got - want).norm() / want.norm()) < 0.1
+
+    cfg = config.TaskConfig(task="transcribe", gammas=[2], modes=["exact"], schedules=["constant"], dtype="float32",
+                            target_int8=[False, True], options={
+                                "target": str(tiny_dir), "inputs": [str(speech_wav)], "references": ["the cat"],
+                                "max_new_tokens": 6, "language": "en", "draft_vocab": 150})
+    records = contenders.aggregate(runners.run_task(cfg, lambda _: None))
+    assert [(r.mode, r.target_int8) for r in records] == [
+        ("autoregressive", False), ("exact", False), ("autoregressive", True), ("exact", True)]
+    plain_ar, _, int8_ar, int8_exact = records
+    same = sum(a == b for a, b in zip(int8_ar.outputs, plain_ar.outputs)) / len(plain_ar.outputs)
+    assert int8_ar.same_as_autoregressive == same and int8_ar.speedup is None
+    assert int8_exact.speedup == pytest.approx(int8_exact.tokens_per_s / int8_ar.tokens_per_s)
+    assert all(r.end_to_end_s > r.wall_s > 0 and r.encoder_s > 0 for r in records)
+    assert int8_ar.end_to_end_speedup == pytest.approx(plain_ar.end_to_end_s / int8_ar.end_to_end_s)

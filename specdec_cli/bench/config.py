@@ -18,7 +18,7 @@ from typing import Iterable
 import torch
 
 from specdec_cli import options
-from specdec_cli.bench import runners
+from specdec_cli.bench import peers, runners
 from specdec_cli.bench.cases import case_bytes
 from specdec_cli.bench.machine import check_memory, load_average
 from specdec_cli.errors import SpecdecError
@@ -179,6 +179,8 @@ class TaskConfig:
     threads: list[int] | None = None  # a sweep; None: torch's default
     draft_vocabs: list[int] | None = None  # a sweep of --draft-vocab; None: the task's default
     draft_quantized: list[bool] | None = None  # a sweep of the draft's int8/int4 weights; None: the default
+    target_int8: list[bool] | None = None  # transcribe: a sweep of --target-int8; None: the default (off)
+    peers: list[str] = field(default_factory=list)  # other tools run beside (peers.PEERS), e.g. faster-whisper
     options: dict = field(default_factory=dict)
 
     def validate(self) -> "TaskConfig":
@@ -195,6 +197,14 @@ class TaskConfig:
                 raise SpecdecError(f"--modes: unknown {m!r} for --task {self.task} (choose from {', '.join(TASK_MODES)})")
         for s in self.schedules:
             options.one_of("--gamma-schedule", s, options.GAMMA_SCHEDULES)
+        for p in self.peers:
+            options.one_of("--peers", p, peers.PEERS)
+            if peers.PEERS[p].task != self.task:
+                raise SpecdecError(f"--peers {p} runs beside --task {peers.PEERS[p].task}, not {self.task}")
+        if self.options.get("language") is not None and self.task != "transcribe":
+            raise SpecdecError(f"--language is for --task transcribe, not {self.task}")
+        if self.target_int8 and any(self.target_int8) and self.task != "transcribe":
+            raise SpecdecError(f"--target-int8 is for --task transcribe, not {self.task}")
         if self.options.get("limit") is not None:
             options.at_least("--limit", self.options["limit"], 1)
         for t in self.threads or [None]:
@@ -220,6 +230,10 @@ class TaskConfig:
             args += ["--draft-vocab", _join(self.draft_vocabs)]
         if self.draft_quantized is not None:
             args += ["--draft-quantized", ",".join("on" if q else "off" for q in self.draft_quantized)]
+        if self.target_int8 is not None:
+            args += ["--target-int8", ",".join("on" if q else "off" for q in self.target_int8)]
+        if self.peers:
+            args += ["--peers", ",".join(self.peers)]
         for key in runners.TASK_OPTIONS:
             if self.options.get(key) is not None:
                 args += [_flag(key), str(self.options[key])]
@@ -235,6 +249,9 @@ def warnings_for(config: SyntheticConfig | TaskConfig) -> list[str]:
     if isinstance(config, TaskConfig) and config.greedy and len(config.modes) > 1:
         out.append("greedy decoding (--temperature 0) verifies by argmax match in every mode: baseline, exact and "
                    "sigmoid then run the same code and differ only by noise; pass --temperature 1 to compare them")
+    if isinstance(config, TaskConfig):
+        target = runners.task_options(config).target
+        out += [line for line in (peers.skipped(p, target) for p in config.peers) if line]
     load = load_average()
     cores = os.cpu_count() or 1
     if load is not None and load > cores:

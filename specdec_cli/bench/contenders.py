@@ -45,6 +45,10 @@ class TaskRecord:
     rounds_per_gamma: list[int] = field(default_factory=list)  # [γ]: rounds run at that γ (0: plain steps)
     mean_gamma: float | None = None  # draft tokens per round, plain steps counted as 0
     measured: dict | None = None  # what the auto schedule measured (decoding.schedule.Auto.estimates)
+    end_to_end_s: float | None = None  # transcribe: features + encoder + probe + decoding, load excluded
+    encoder_s: float | None = None  # transcribe: the target's encoder (and a draft's own) alone
+    target_int8: bool = False  # the target's linears in int8 (transcribe --target-int8)
+    peer: str | None = None  # another tool (peers.py), e.g. "faster-whisper"; None: specdec
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
@@ -53,6 +57,7 @@ class TaskRecord:
     best_gamma: int | None = None  # best_gamma(α, c)
     same_as_autoregressive: float | None = None  # share of inputs whose output equals autoregressive's
     pass_ratio: float | None = None  # the target's ms per call here over its one-token step (autoregressive's)
+    end_to_end_speedup: float | None = None  # autoregressive's end_to_end_s over this one's (same threads)
 
 
 WARMUP_TOKENS = 8  # new tokens of the untimed warm-up decode of each mode
@@ -70,9 +75,10 @@ class Contender:
 
 AUTOREGRESSIVE = Contender("autoregressive")
 
-# decode(contender, short) -> (texts in input order, finished GenerationStats summed over the inputs);
-# short: the first input only, at most WARMUP_TOKENS new tokens (the warm-up).
-Decode = Callable[[Contender, bool], tuple[list[str], GenerationStats]]
+# decode(contender, short) -> (texts in input order, finished GenerationStats summed over the inputs, stages:
+# {"end_to_end_s", "encoder_s"} where the task times them, else {}); short: the first input only, at most
+# WARMUP_TOKENS new tokens (the warm-up).
+Decode = Callable[[Contender, bool], tuple[list[str], GenerationStats, dict]]
 
 
 def contenders_of(config, autoregressive: bool = True) -> list[Contender]:
@@ -93,11 +99,12 @@ def run_contenders(config, contenders: list[Contender], decode: Decode, referenc
         best = None
         for _ in range(config.repeat):
             with PeakMemory(config.device) as peak:
-                texts, stats = decode(c, False)
+                texts, stats, stages = decode(c, False)
             if best is None or stats.wall_s < best[1].wall_s:
-                best = (texts, stats, peak.mib)
-        record = task_record(config.task, c, *best, references)
+                best = (texts, stats, peak.mib, stages)
+        record = task_record(config.task, c, *best[:3], references, best[3])
         record.threads = setting.get("threads")
+        record.target_int8 = bool(setting.get("target_int8"))
         record.draft = None if c.mode == "autoregressive" else setting.get("draft")
         records.append(record)
         progress(c.label)
@@ -105,8 +112,8 @@ def run_contenders(config, contenders: list[Contender], decode: Decode, referenc
 
 
 def task_record(task: str, contender: Contender, texts: list[str], stats, peak_mib: float | None,
-                references: list[str] | None) -> TaskRecord:
-    """A TaskRecord from one pass: its texts and its finished GenerationStats (decoding.stats)."""
+                references: list[str] | None, stages: dict | None = None) -> TaskRecord:
+    """A TaskRecord from one pass: its texts, its finished GenerationStats (decoding.stats) and its stages."""
     history = stats.gamma_history
     return TaskRecord(
         task=task, gamma=contender.gamma, mode=contender.mode, new_tokens=stats.new_tokens, wall_s=stats.wall_s,
@@ -118,7 +125,8 @@ def task_record(task: str, contender: Contender, texts: list[str], stats, peak_m
         quality=score_quality(task, texts, references) if references else {},
         backend=stats.backend, outputs=list(texts), schedule=contender.schedule,
         rounds_per_gamma=list(stats.rounds_per_gamma), mean_gamma=sum(history) / len(history) if history else None,
-        measured=stats.schedule,
+        measured=stats.schedule, end_to_end_s=(stages or {}).get("end_to_end_s"),
+        encoder_s=(stages or {}).get("encoder_s"),
     )
 
 
@@ -143,12 +151,20 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
     that assumption misses: the target's ms per call here over its one-token step. Where γ varies (auto,
     heuristic) there is no one γ to predict for: α is the schedule's own estimate when it made one.
     """
-    ars = {r.threads: r for r in records if r.mode == "autoregressive"}
+    ars = {(r.threads, r.target_int8): r for r in records if r.mode == "autoregressive"}
     for r in records:
-        if r.mode == "autoregressive":
+        # end to end: every contender (a peer too) against specdec's unmodified target alone
+        plain = ars.get((r.threads, False))
+        if plain is not None and plain.end_to_end_s and r.end_to_end_s:
+            r.end_to_end_speedup = plain.end_to_end_s / r.end_to_end_s
+        if r.mode == "autoregressive" and not r.target_int8:
             r.speedup = 1.0
             continue
-        ar = ars.get(r.threads)
+        ar = ars.get((r.threads, r.target_int8)) if r.mode != "autoregressive" and r.peer is None else plain
+        if r.peer is not None or r.mode == "autoregressive":  # another model (or tool): tokens/s differ in kind
+            if greedy and ar is not None and ar.outputs and len(r.outputs) == len(ar.outputs):
+                r.same_as_autoregressive = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)
+            continue
         if ar is not None and ar.tokens_per_s > 0:
             r.speedup = r.tokens_per_s / ar.tokens_per_s
         if greedy and ar is not None and ar.outputs and len(r.outputs) == len(ar.outputs):
@@ -183,4 +199,8 @@ TASK_COST_COLUMNS = (
 )
 TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("peak_memory_mib", "peak MiB"),
                         ("same_as_autoregressive", "= AR"))
+# transcribe only (where end_to_end_s is measured): end to end against the unmodified target alone, peers included
+TASK_END_TO_END_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("target_int8", "int8 target"),
+                           ("end_to_end_s", "e2e s"), ("encoder_s", "encoder s"), ("end_to_end_speedup", "e2e ×"),
+                           ("same_as_autoregressive", "= AR"))
 TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS + TASK_QUALITY_COLUMNS))

@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 import torch
 
-from specdec_cli.bench import runners
+from specdec_cli.bench import peers, runners
 from specdec_cli.bench.config import SyntheticConfig, TaskConfig
 from specdec_cli.bench.contenders import Progress, aggregate
 from specdec_cli.bench.machine import machine_info
@@ -54,5 +54,8 @@ def total_steps(config: SyntheticConfig | TaskConfig) -> int:
     if isinstance(config, SyntheticConfig):
         return len(grid(config))
     settings = runners.task_settings(config)
+    targets = len({s.target for s in settings})  # autoregressive: once per (threads, target)
+    target = runners.task_options(config).target
+    peer_steps = sum(len(peers.PEERS[p].compute_types) for p in config.peers if peers.skipped(p, target) is None)
     threads = len({s.threads for s in settings})
-    return threads + len(settings) * len(config.schedules) * len(config.gammas) * len(config.modes)
+    return targets + len(settings) * len(config.schedules) * len(config.gammas) * len(config.modes) + threads * peer_steps

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specdec_cli.bench import plots
-from specdec_cli.bench.contenders import TASK_COST_COLUMNS, TASK_QUALITY_COLUMNS, TASK_SPEED_COLUMNS
+from specdec_cli.bench.contenders import (TASK_COST_COLUMNS, TASK_END_TO_END_COLUMNS, TASK_QUALITY_COLUMNS,
+                                          TASK_SPEED_COLUMNS)
 from specdec_cli.bench.synthetic import SYNTHETIC_COLUMNS
 from specdec_cli.errors import SpecdecError
 
@@ -34,21 +35,29 @@ class BenchResults:
                 cols = [c for c in cols if c[0] != "gb_per_s"]
             return [("", cols)]
         keys = list(dict.fromkeys(k for r in self.records for k in r.quality))
-        return [("speed: measured over autoregressive, and predicted from α and c", list(TASK_SPEED_COLUMNS)),
-                ("acceptance and cost", list(TASK_COST_COLUMNS)),
-                ("memory and quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
+        out = [("speed: measured over autoregressive, and predicted from α and c", list(TASK_SPEED_COLUMNS)),
+               ("acceptance and cost", list(TASK_COST_COLUMNS)),
+               ("memory and quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
+        if any(r.end_to_end_s is not None for r in self.records):
+            out.append(("end to end (features, encoder, decoding; load excluded) over the unmodified target alone",
+                        list(TASK_END_TO_END_COLUMNS) + [(f"quality.{k}", k) for k in keys]))
+        return out
 
     def groups(self) -> list[tuple[str, list]]:
         """The records shown together: (title, records). A task's sweep gives one group per thread count and
         draft setting, each with the autoregressive record it is measured against."""
         if self.task == "synthetic":
             return [("", self.records)]
-        settings = list(dict.fromkeys((r.threads, r.draft) for r in self.records if r.mode != "autoregressive"))
+        spec = [r for r in self.records if r.mode != "autoregressive" and r.peer is None]
+        settings = list(dict.fromkeys((r.threads, r.draft, r.target_int8) for r in spec))
         if len(settings) <= 1:
             return [("", self.records)]
+        # each setting with the autoregressive record it is measured against, and the peers of its thread count
         return [(f"{t} thread{'s' if t != 1 else ''} · draft {d}",
-                 [r for r in self.records if r.threads == t and (r.draft == d or r.mode == "autoregressive")])
-                for t, d in settings]
+                 [r for r in self.records if r.threads == t and (
+                     r.peer is not None or (r.draft == d and r.target_int8 == i) or
+                     (r.mode == "autoregressive" and r.target_int8 in (i, False)))])
+                for t, d, i in settings]
 
     def to_dict(self) -> dict:
         return {

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from specdec_cli import options
+from specdec_cli.bench import peers
 from specdec_cli.bench.contenders import (WARMUP_TOKENS, Contender, Progress, TaskRecord, contenders_of,
                                           run_contenders)
 from specdec_cli.decoding import GenerationStats, merge_stats
@@ -52,7 +53,8 @@ RUNNERS: dict[str, Runner] = {
 # --max-new-tokens); an option left out is the CLI's default. Library callers may also pass "inputs" (paths)
 # and "references" (texts) instead of "data".
 # Any other field of the task's options class (e.g. "language") may be given too, by library callers.
-TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "draft_stop", "max_new_tokens", "temperature")
+TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "draft_stop", "max_new_tokens", "temperature",
+                "language")
 
 
 def task_options(config) -> options.DecodeOptions:
@@ -75,16 +77,27 @@ class Setting:
     threads: int
     options: options.DecodeOptions
     draft: str  # the draft's options in words, for the tables
+    target_int8: bool = False  # transcribe --target-int8: the target's linears in int8
+
+    @property
+    def target(self) -> tuple[int, bool]:
+        """What autoregressive decoding depends on: it runs once per (threads, target) of a sweep."""
+        return self.threads, self.target_int8
 
 
 def task_settings(config) -> list[Setting]:
-    """Every threads × draft-vocab × draft-quantized point of `config` (a TaskConfig); a sweep left out is the
-    task's default (for threads: torch's current count)."""
+    """Every threads × target-int8 × draft-vocab × draft-quantized point of `config` (a TaskConfig); a sweep left
+    out is the task's default (for threads: torch's current count)."""
     base = task_options(config)
-    points = itertools.product(config.threads or [torch.get_num_threads()], config.draft_vocabs or [base.draft_vocab],
+    int8 = config.target_int8 or [getattr(base, "target_int8", False)]
+    points = itertools.product(config.threads or [torch.get_num_threads()], int8, config.draft_vocabs or [base.draft_vocab],
                                config.draft_quantized or [base.draft_quantized])
-    return [Setting(t, base.replace(draft_vocab=v, draft_quantized=q),
-                    f"vocab {v or 'full'}, {'quantized' if q else 'unquantized'}") for t, v, q in points]
+    out = []
+    for t, i, v, q in points:
+        opts = base.replace(draft_vocab=v, draft_quantized=q, **({"target_int8": i} if i else {}))
+        out.append(Setting(t, opts, f"vocab {v or 'full'}, {'quantized' if q else 'unquantized'}"
+                                    + (", int8 target" if i else ""), i))
+    return out
 
 
 def examples_dir() -> Path:
@@ -133,18 +146,19 @@ def read_inputs(task: str, paths: list[str]) -> list:
 
 def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
     """Every contender of `config` (a TaskConfig) over its inputs, at every point of its sweep (task_settings):
-    autoregressive once per thread count, the speculative contenders once per draft setting. One TaskRecord
+    autoregressive once per thread count (and target: --target-int8), the speculative contenders once per draft
+    setting, then the --peers tools at each thread count. One TaskRecord
     each (contenders.aggregate derives the speedups). wall_s is the decoding loops' time (prefill included;
     reading inputs and, for transcribe, the encoder left out). Leaves torch's thread count as it found it."""
     r = RUNNERS[config.task]
     paths, refs = task_inputs(config)
     inputs = read_inputs(config.task, paths)  # every input is checked before the models load
     progress = progress or (lambda _msg: None)
-    records, saved = [], torch.get_num_threads()
+    records, saved, previous = [], torch.get_num_threads(), None
     try:
         for threads, group in itertools.groupby(task_settings(config), key=lambda s: s.threads):
             torch.set_num_threads(threads)
-            for i, setting in enumerate(group):
+            for setting in group:
                 target, draft = r.load_pair(setting.options.replace(mode=config.modes[0]), progress=False)
 
                 def decode(c: Contender, short: bool, opts=setting.options, target=target, draft=draft):
@@ -153,13 +167,39 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
                         o = o.replace(max_new_tokens=min(o.max_new_tokens, WARMUP_TOKENS))
                     results = r.decode(target, None if c.mode == "autoregressive" else draft,
                                        inputs[:1] if short else inputs, o)
-                    batches = {id(x.stats): x.stats for x in results}.values()  # the inputs of a batch share stats
+                    batches = list({id(x.stats): x.stats for x in results}.values())  # a batch's inputs share stats
                     stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, o.gamma_schedule, o.batch_size))
-                    return [x.text for x in results], stats.finish()
+                    return [x.text for x in results], stats.finish(), stages(batches)
 
-                records += run_contenders(config, contenders_of(config, autoregressive=i == 0), decode, refs,
-                                          progress, threads=threads, draft=setting.draft)
+                first = setting.target != previous
+                previous = setting.target
+                records += run_contenders(config, contenders_of(config, autoregressive=first), decode, refs,
+                                          progress, threads=threads, draft=setting.draft,
+                                          target_int8=setting.target_int8)
                 del target, draft, decode  # one pair in memory at a time
+            records += run_peers(config, inputs, refs, threads, progress)
     finally:
         torch.set_num_threads(saved)
     return records
+
+
+def stages(stats: list) -> dict:
+    """{"end_to_end_s", "encoder_s"} summed over a task's per-input stats where it times them (transcribe's
+    TranscribeStats: total_s, encoder_s), else {}."""
+    if not stats or not all(hasattr(s, "total_s") for s in stats):
+        return {}
+    return {"end_to_end_s": sum(s.total_s for s in stats), "encoder_s": sum(s.encoder_s for s in stats)}
+
+
+def run_peers(config, inputs: list, refs: list[str] | None, threads: int, progress: Progress) -> list[TaskRecord]:
+    """The records of every --peers tool that can run here (peers.skipped: the one line the bench showed for
+    those that cannot), at this thread count, on the same inputs."""
+    out = []
+    opts = task_options(config)
+    for name in config.peers:
+        if peers.skipped(name, opts.target) is not None:
+            continue
+        out += peers.faster_whisper_records(opts.target, [audio for _, audio in inputs], refs, threads=threads,
+                                            language=getattr(opts, "language", "auto"),
+                                            max_new_tokens=opts.max_new_tokens, repeat=config.repeat, progress=progress)
+    return out

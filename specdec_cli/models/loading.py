@@ -60,7 +60,8 @@ class LoadedModel:
     @property
     def output_size(self) -> int:
         """Rows of the output layer: the V of this model's logits (may exceed the tokenizer's vocabulary)."""
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        head = self.model.get_output_embeddings()
+        return int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])  # int8: no .weight
 
     @property
     def feature_extractor(self):

@@ -631,6 +631,36 @@ def ensure_converted(name: str, show_progress: bool = True) -> Path:
     return cache.entry_path(key)
 
 
+def ct2_cache_key(name: str) -> str:
+    return f"ct2-whisper-{name}"
+
+
+def ensure_ct2(name: str = "base") -> Path:
+    """A CTranslate2 folder of embedded model `name` as faster-whisper reads it (model.bin joined from its
+    parts, config.json, tokenizer.json, vocabulary.txt), written once into the cache (sizes and crc32s in its
+    marker, rebuilt when damaged or when the packages change). CacheUnwritable when the cache cannot take it."""
+    import shutil
+
+    src = locate_embedded(name)
+    key = ct2_cache_key(name)
+    want = {"format": "ctranslate2", "model": f"whisper-{name} (CTranslate2)", "source": src.fingerprint()}
+    problem = cache.damage(key)
+    if problem:
+        warn(f"the cached CTranslate2 Whisper {name} in {cache.entry_path(key)} is damaged ({problem}): rebuilding it")
+        cache.remove_entry(key)
+    have = cache.read_entry(key)
+    if have == want:
+        return cache.entry_path(key)
+    if have is not None:
+        cache.remove_entry(key)
+    with cache.atomic_entry(key, want) as tmp:
+        cache.require_space(tmp, sum(p.stat().st_size for p in src.model_parts))
+        cache.hash_and_join(src.model_parts, tmp / "model.bin")
+        for f in (src.config, src.tokenizer, src.vocabulary):
+            shutil.copyfile(f, tmp / f.name)
+    return cache.entry_path(key)
+
+
 def load_embedded_whisper(name: str = "base", dtype=None, device="cpu", show_progress: bool = True):
     """(WhisperForConditionalGeneration, WhisperProcessor) for embedded model "base" or "tiny.en".
 

@@ -44,7 +44,7 @@ from specdec_cli.decoding import GenerationStats, SamplingParams, generate, make
 from specdec_cli.drafts import lean_whisper
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.errors import SpecdecError
-from specdec_cli.models import LoadedModel
+from specdec_cli.models import LoadedModel, int8
 from specdec_cli.models.whisper import (TIME_PER_TOKEN, WHISPER, SpecialIds, check_language_task, check_timestamps,
                                         cross_attention_dtype, decoder_layers, prompt_ids, special_ids)
 from specdec_cli.options import TranscribeOptions
@@ -378,8 +378,16 @@ def load_draft(draft_spec: str, target: LoadedModel, options: TranscribeOptions 
 
 
 def load_pair(opts: TranscribeOptions, progress: bool = True):
-    """(target, draft) for `opts`; draft is None for autoregressive, else load_draft's."""
-    return drafts.load_pair(opts, WHISPER, progress=progress, **_draft_makers(opts))
+    """(target, draft) for `opts`; draft is None for autoregressive, else load_draft's. --target-int8: the
+    target's decoder and output linears in int8 (models/int8.py), after the draft took what it copies from the
+    target's weights (a self draft's int4 layers are its own)."""
+    target, draft = drafts.load_pair(opts, WHISPER, progress=progress, **_draft_makers(opts))
+    if opts.target_int8:
+        if target.device.type != "cpu":
+            raise SpecdecError(f"--target-int8 runs on a CPU only (the target is on {target.device})")
+        int8.quantize_linears(target.model.model.decoder)  # the encoder stays: see models/int8.py
+        target.model.proj_out = int8.Int8Linear(target.model.proj_out)
+    return target, draft
 
 
 def joined_librivox(repeats: int = 3) -> tuple[np.ndarray, str] | None:
