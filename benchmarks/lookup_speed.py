@@ -35,8 +35,9 @@ def hf_lookup(target, article, opts):
     """transformers' prompt lookup on the same prompt: (tokens, seconds incl. prefill)."""
     ids = task.encode(target.tokenizer, target.model, [article], opts.max_new_tokens, False)[0]
     t0 = time.perf_counter()
+    eos = sorted(task.eos_ids(target.tokenizer, target.model))
     out = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=opts.max_new_tokens,
-                                prompt_lookup_num_tokens=opts.gamma, pad_token_id=target.tokenizer.eos_token_id)
+                                prompt_lookup_num_tokens=opts.gamma, eos_token_id=eos, pad_token_id=eos[0])
     return out[0, len(ids):].tolist(), time.perf_counter() - t0
 
 
