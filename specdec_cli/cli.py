@@ -463,7 +463,7 @@ def summarize(
 def transcribe(
     audio: Annotated[list[str], typer.Argument(help="Audio files: wav, flac, ogg, mp3, ... (any rate, mono or stereo), or folders of them.")],
     target: Annotated[str, typer.Option(help="Whisper target: embedded (Whisper base), embedded:tiny.en, a Hugging Face id, or a local directory.")] = T.target,
-    draft: Annotated[str, typer.Option(help="self (the target's own decoder weights, int4, with a reduced output layer, in a lean decoding step), self:K (its first K layers), self:0-2,4 (those layers), or another Whisper model with the same vocabulary.")] = T.draft,
+    draft: Annotated[str, typer.Option(help="self (the target's own decoder weights, int4, with a reduced output layer, in a lean decoding step), self:K (its first K layers), self:0-2,4 (those layers), or another Whisper model with the same vocabulary; lookup (prompt lookup within each window: no model) or lookup+DRAFT.")] = T.draft,
     mode: Mode = T.mode,
     gamma: Gamma = T.gamma,
     gamma_schedule: GammaSchedule = T.gamma_schedule,

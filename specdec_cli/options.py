@@ -234,6 +234,4 @@ class TranscribeOptions(DecodeOptions):
         super().validate()
         one_of("--task", self.task, WHISPER_TASKS)
         one_of("--output-format", self.output_format, OUTPUT_FORMATS)
-        if self.speculative and self.uses_lookup:
-            raise SpecdecError("--draft lookup is for summarize; transcribe drafts with a model (self, self:K, or another)")
         return self

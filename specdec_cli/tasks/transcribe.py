@@ -42,6 +42,9 @@ import torch
 from specdec_cli import drafts
 from specdec_cli.decoding import GenerationStats, SamplingParams, generate, make_schedule, merge_stats
 from specdec_cli.drafts import lean_whisper
+from specdec_cli.drafts.lookup import Lookup
+from specdec_cli.drafts.lookup import drafter as lookup_drafter
+from specdec_cli.drafts.lookup import parts as lookup_parts
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import LoadedModel, int8
@@ -369,12 +372,33 @@ def _draft_makers(opts: TranscribeOptions) -> dict:
     return {"self_draft": self_draft, "adopt": adopt}
 
 
+class LookupDraft:
+    """--draft lookup (and lookup+DRAFT) for Whisper: prompt lookup within each window, over its prompt and the text
+    decoded so far (drafts/lookup.py), then DRAFT's decoder where no n-gram matched."""
+
+    def __init__(self, lookup: Lookup, model, vocab: int):
+        self.lookup, self.model, self.vocab = lookup, model, vocab
+        self.timestamps = model is None or model.timestamps  # lookup proposes whatever the window holds
+
+    def for_window(self, audio, encoded, kv, hook=None):
+        return lookup_drafter(self.lookup, None if self.model is None else self.model.for_window(audio, encoded, kv, hook))
+
+
+def _task_draft(draft, target: LoadedModel):
+    """What drafts.load_draft gave, as transcribe() takes it: a lookup becomes a LookupDraft."""
+    lookup, model = lookup_parts(draft)
+    if lookup is None:
+        return model
+    return LookupDraft(lookup, model, target.output_size if model is None else model.vocab)
+
+
 def load_draft(draft_spec: str, target: LoadedModel, options: TranscribeOptions | None = None, *,
                progress: bool = True, **overrides):
-    """The draft for a loaded target: a LeanDraft (`self`, `self:K`, `self:0-2,4`) or a ModelDraft. options
-    (default: the CLI's) with `overrides` applied say its output layer (draft_vocab) and weights (draft_quantized)."""
+    """The draft for a loaded target: a LeanDraft (`self`, `self:K`, `self:0-2,4`), a ModelDraft or a LookupDraft.
+    options (default: the CLI's) with `overrides` applied say its output layer (draft_vocab) and weights
+    (draft_quantized)."""
     opts = (options or TranscribeOptions()).replace(**overrides)
-    return drafts.load_draft(draft_spec, target, WHISPER, progress=progress, **_draft_makers(opts))
+    return _task_draft(drafts.load_draft(draft_spec, target, WHISPER, progress=progress, **_draft_makers(opts)), target)
 
 
 def load_pair(opts: TranscribeOptions, progress: bool = True):
@@ -382,6 +406,7 @@ def load_pair(opts: TranscribeOptions, progress: bool = True):
     target's decoder and output linears in int8 (models/int8.py), after the draft took what it copies from the
     target's weights (a self draft's int4 layers are its own)."""
     target, draft = drafts.load_pair(opts, WHISPER, progress=progress, **_draft_makers(opts))
+    draft = None if draft is None else _task_draft(draft, target)
     if opts.target_int8:
         if target.device.type != "cpu":
             raise SpecdecError(f"--target-int8 runs on a CPU only (the target is on {target.device})")
