@@ -615,19 +615,28 @@ def ensure_converted(name: str, show_progress: bool = True) -> Path:
     """The cached HF directory of embedded model `name`, converting (atomically) when absent, stale or damaged.
     Raises cache.CacheUnwritable when the cache cannot take it (load_embedded_whisper then goes without)."""
     src = locate_embedded(name)
-    key, want = cache_key(name), _marker(name, src)
+
+    def build(tmp: Path) -> None:
+        cache.require_space(tmp, sum(p.stat().st_size for p in src.model_parts))  # fp16 in, fp16 out
+        convert_ct2_whisper(src, tmp, show_progress=show_progress, label=f"Whisper {name}")
+
+    return _cached_entry(cache_key(name), _marker(name, src), f"Whisper {name}", build)
+
+
+def _cached_entry(key: str, want: dict, what: str, build) -> Path:
+    """The cache entry `key` whose marker is `want`: reported and rebuilt when damaged, rebuilt when stale (another
+    converter or package version), else kept; build(tmp) writes a new one, atomically."""
     problem = cache.damage(key)
     if problem:
-        warn(f"the cached Whisper {name} in {cache.entry_path(key)} is damaged ({problem}): rebuilding it")
+        warn(f"the cached {what} in {cache.entry_path(key)} is damaged ({problem}): rebuilding it")
         cache.remove_entry(key)
     have = cache.read_entry(key)
     if have == want:
         return cache.entry_path(key)
-    if have is not None:  # stale (other converter or package version): rebuild
+    if have is not None:
         cache.remove_entry(key)
     with cache.atomic_entry(key, want) as tmp:
-        cache.require_space(tmp, sum(p.stat().st_size for p in src.model_parts))  # fp16 in, fp16 out
-        convert_ct2_whisper(src, tmp, show_progress=show_progress, label=f"Whisper {name}")
+        build(tmp)
     return cache.entry_path(key)
 
 
@@ -642,23 +651,15 @@ def ensure_ct2(name: str = "base") -> Path:
     import shutil
 
     src = locate_embedded(name)
-    key = ct2_cache_key(name)
     want = {"format": "ctranslate2", "model": f"whisper-{name} (CTranslate2)", "source": src.fingerprint()}
-    problem = cache.damage(key)
-    if problem:
-        warn(f"the cached CTranslate2 Whisper {name} in {cache.entry_path(key)} is damaged ({problem}): rebuilding it")
-        cache.remove_entry(key)
-    have = cache.read_entry(key)
-    if have == want:
-        return cache.entry_path(key)
-    if have is not None:
-        cache.remove_entry(key)
-    with cache.atomic_entry(key, want) as tmp:
+
+    def build(tmp: Path) -> None:
         cache.require_space(tmp, sum(p.stat().st_size for p in src.model_parts))
         cache.hash_and_join(src.model_parts, tmp / "model.bin")
         for f in (src.config, src.tokenizer, src.vocabulary):
             shutil.copyfile(f, tmp / f.name)
-    return cache.entry_path(key)
+
+    return _cached_entry(ct2_cache_key(name), want, f"CTranslate2 Whisper {name}", build)
 
 
 def load_embedded_whisper(name: str = "base", dtype=None, device="cpu", show_progress: bool = True):
