@@ -406,7 +406,7 @@ def emit_results(results, *, as_json: bool, device: str, title: str, text: bool 
 def summarize(
     articles: Annotated[list[str], typer.Argument(help="Text files to summarize; '-' reads stdin.")],
     target: Annotated[str, typer.Option(help="Target model: embedded, a Hugging Face id, a local directory, or a .gguf file.")] = S.target,
-    draft: Annotated[str, typer.Option(help="Draft model: as --target, or self:K (the target's own first K layers); lookup (prompt lookup, no model: the tokens that followed the last n-gram earlier in the article; lookup:N for n-grams of N down to 1); lookup+DRAFT (lookup where an n-gram matches, DRAFT elsewhere).")] = S.draft,
+    draft: Annotated[str, typer.Option(help="Draft model: as --target, or self:K (the target's own first K layers); lookup (prompt lookup, no model: the tokens that followed the longest tail seen earlier in the article; lookup:N for tails of N tokens at most); lookup+DRAFT (lookup where a tail matches, DRAFT elsewhere).")] = S.draft,
     mode: Mode = S.mode,
     gamma: Gamma = S.gamma,
     gamma_schedule: GammaSchedule = S.gamma_schedule,

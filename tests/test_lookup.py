@@ -11,22 +11,44 @@ from specdec_cli.decoding.drafter import as_drafter
 from specdec_cli.drafts.lookup import Lookup, LookupThenModel, continuation
 
 
-@pytest.mark.parametrize("context, n, k, want", [
+@pytest.mark.parametrize("context, longest, k, want", [
     ([1, 2, 3, 4, 1, 2], 2, 5, [3, 4, 1, 2]),  # up to k, running into the tail itself
-    ([1, 2, 9, 1, 2, 7, 1, 2], 2, 1, [7]),  # the latest earlier occurrence
+    ([1, 2, 9, 1, 2, 7, 1, 2], 2, 1, [7]),  # the latest of equally frequent continuations
+    ([1, 2, 9, 1, 2, 9, 1, 2, 7, 1, 2], 2, 1, [9]),  # the most frequent continuation, though not the latest
     ([1, 2, 3], 2, 4, []),  # no earlier occurrence
     ([5, 5], 1, 3, [5]),  # a repeated token
     ([7], 1, 3, []),  # too short
 ])
-def test_continuation(context, n, k, want):
-    assert continuation(np.array(context), n, k).tolist() == want
+def test_continuation(context, longest, k, want):
+    assert continuation(np.array(context), k, longest).tolist() == want
 
 
-def test_longest_ngram_first():
-    # the 3-gram (8, 1, 2) matched at 0 proposes 3; the 1-gram (2) alone would match later and propose 6
+def test_longest_tail_first():
+    # the 3-token tail (8, 1, 2) matched at 0 proposes 3; the 1-token tail (2) alone would follow its occurrences
     assert Lookup(longest=3).lookup(np.array([8, 1, 2, 3, 2, 6, 8, 1, 2]), 2).tolist() == [3, 2]
     assert Lookup(longest=1).lookup(np.array([8, 1, 2, 3, 2, 6, 8, 1, 2]), 2).tolist() == [6, 8]
     assert Lookup(longest=3, shortest=2).lookup(np.array([4, 2, 9, 2]), 2).tolist() == []
+    # a longer tail seen once beats the 1-token tail (5) that was followed by 2 three times
+    ctx = np.array([9, 8, 7, 6, 5, 1, 5, 2, 5, 2, 5, 2, 9, 8, 7, 6, 5])
+    assert Lookup().lookup(ctx, 1).tolist() == [1] and Lookup(longest=2).lookup(ctx, 1).tolist() == [1]
+    assert Lookup(longest=1).lookup(ctx, 1).tolist() == [2]
+
+
+def test_continuation_agrees_with_a_brute_force_search():
+    """On random contexts over a small alphabet: the longest earlier-seen tail, then the most frequent next token."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        ctx = rng.integers(0, 4, int(rng.integers(1, 40)))
+        L, want = len(ctx), []
+        for n in range(min(6, L - 1), 0, -1):
+            hits = [i for i in range(L - n) if (ctx[i : i + n] == ctx[L - n :]).all()]  # starts of earlier occurrences
+            if hits:
+                nxt = [int(ctx[i + n]) for i in hits]
+                top = max(nxt.count(t) for t in nxt)
+                start = [i for i in hits if nxt.count(int(ctx[i + n])) == top][-1] + n
+                want = ctx[start : start + 3].tolist()
+                break
+        assert continuation(ctx, 3, 6).tolist() == want, ctx.tolist()
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,12 @@
 """Prompt lookup: a draft without a model (also called n-gram drafting; transformers' prompt_lookup_num_tokens,
 vLLM's ngram proposer, llama.cpp's lookup decoding).
 
-A summary repeats its article's names, numbers and phrases. Before each round the draft takes the last n
-tokens of a row (the prompt and what was generated so far), finds their latest earlier occurrence, and proposes
-the tokens that followed it there, up to γ; n runs from `longest` down to `shortest`, the first that matches
-wins. No model, no memory, a few microseconds. The proposal is deterministic, so verification reads it as a
+A summary repeats its article's names, numbers and phrases. Before each round the draft takes the longest tail of
+a row (the prompt and what was generated so far; `longest` tokens at most, `shortest` at least) that occurred
+earlier, and proposes the tokens that followed it there, up to γ. Where the tail occurred several times, it follows
+the occurrence whose next token came most often after it (the latest such): on the seven example articles this
+made 2.21 tokens per target call instead of 2.15 for the latest occurrence (γ = 4, a replay of the target's greedy
+output). No model, no memory, tens of microseconds. The proposal is deterministic, so verification reads it as a
 one-hot q (decoding/verify.py): accept x iff u <= p(x), after a rejection draw from p without x. Greedy output
 is the target's token for token, sampled output keeps its distribution.
 
@@ -24,27 +26,37 @@ import torch
 from specdec_cli.decoding.drafter import Drafter, ModelDrafter, Proposal, as_drafter
 
 
-def continuation(context: np.ndarray, n: int, k: int) -> np.ndarray:
-    """The up to k tokens that followed the latest earlier occurrence of context's last n tokens (none: empty).
+def continuation(context: np.ndarray, k: int, longest: int, shortest: int = 1) -> np.ndarray:
+    """The up to k tokens that followed an earlier occurrence of context's longest tail of `shortest`..`longest`
+    tokens that occurred before: of that tail's occurrences, one whose next token is the most frequent among
+    them, the latest such. Nothing matched: empty.
 
-    >>> continuation(np.array([5, 6, 7, 8, 5, 6]), 2, 3).tolist()
+    >>> continuation(np.array([5, 6, 7, 8, 5, 6]), 3, longest=3).tolist()
     [7, 8, 5]
+    >>> continuation(np.array([1, 4, 1, 4, 1, 9, 1]), 2, longest=1).tolist()  # 4 came twice after 1, 9 once
+    [4, 1]
     """
     L = len(context)
-    if L <= n:
+    ends = np.flatnonzero(context[: L - 1] == context[L - 1])  # ends i < L−1 of earlier occurrences of the 1-token tail
+    found, n = None, 1
+    while len(ends) and n <= longest:  # ends: where the n-token tail context[L−n:] occurred before
+        if n >= shortest:
+            found = ends
+        ends = ends[ends >= n]
+        ends = ends[context[ends - n] == context[L - 1 - n]] if n < L else ends[:0]  # the (n+1)-token tail
+        n += 1
+    if found is None:
         return context[:0]
-    windows = np.lib.stride_tricks.sliding_window_view(context[: L - 1], n)  # [L−n, n]: every n-gram but the last
-    hits = np.flatnonzero((windows == context[L - n :]).all(axis=1))
-    if len(hits) == 0:
-        return context[:0]
-    start = hits[-1] + n
+    following = context[found + 1]  # [hits]: the token after each occurrence
+    values, counts = np.unique(following, return_counts=True)
+    start = found[np.isin(following, values[counts == counts.max()])][-1] + 1
     return context[start : start + k]
 
 
 class Lookup(Drafter):
-    """The prompt-lookup draft. longest, shortest: the n-gram sizes tried, longest first."""
+    """The prompt-lookup draft. longest, shortest: the tail lengths (n-gram sizes) it matches."""
 
-    def __init__(self, longest: int = 3, shortest: int = 1):
+    def __init__(self, longest: int = 16, shortest: int = 1):
         if not 1 <= shortest <= longest:
             raise ValueError("n-gram sizes: 1 <= shortest <= longest")
         self.longest, self.shortest = longest, shortest
@@ -66,12 +78,7 @@ class Lookup(Drafter):
         return Proposal(out, None)
 
     def lookup(self, context: np.ndarray, k: int) -> np.ndarray:
-        """The first continuation found, longest n-gram first."""
-        for n in range(self.longest, self.shortest - 1, -1):
-            found = continuation(context, n, k)
-            if len(found):
-                return found
-        return context[:0]
+        return continuation(context, k, self.longest, self.shortest)
 
 
 class LookupThenModel(Drafter):

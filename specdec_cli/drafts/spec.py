@@ -4,8 +4,8 @@
                     low-bit weights, a lean decoding step)
     self:K          the target's first K decoder layers
     self:0-2,4      those decoder layers (ranges and single numbers, increasing)
-    lookup          prompt lookup, no model (drafts/lookup.py): n-grams of 3 tokens down to 1
-    lookup:N        n-grams of N tokens down to 1; lookup:N-M: N down to M
+    lookup          prompt lookup, no model (drafts/lookup.py): the longest tail seen before, up to 16 tokens
+    lookup:N        tails of N tokens at most; lookup:N-M: of N down to M
     lookup+DRAFT    lookup where an n-gram matches, the draft DRAFT (any of the above) elsewhere
     anything else   another model: a spec for models.load_model, checked against the target
 """
@@ -17,7 +17,7 @@ import re
 from specdec_cli.errors import SpecdecError
 
 
-LOOKUP_LONGEST, LOOKUP_SHORTEST = 3, 1  # lookup's n-gram sizes (measured: benchmarks/README.md, "Prompt lookup")
+LOOKUP_LONGEST, LOOKUP_SHORTEST = 16, 1  # the tail lengths lookup matches (drafts/lookup.py)
 
 
 def split_lookup(spec: str) -> tuple[str | None, str | None]:
@@ -38,7 +38,7 @@ def lookup_sizes(spec: str) -> tuple[int, int]:
     """(longest, shortest) n-gram of a lookup spec: lookup, lookup:N or lookup:N-M.
 
     >>> lookup_sizes("lookup"), lookup_sizes("lookup:4"), lookup_sizes("lookup:4-2")
-    ((3, 1), (4, 1), (4, 2))
+    ((16, 1), (4, 1), (4, 2))
     """
     value = spec.strip().lower().partition(":")[2].replace(" ", "")
     if not value:
