@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from conftest import ROOT, tiny_config, word_tokenizer
+from specdec_cli.decoding.drafter import Drafter, Proposal
+from conftest import GREEDY, ROOT, tiny_config, word_tokenizer
 
 runner = CliRunner()
 ARTICLE = " ".join(f"w{(i * 37) % 900 + 2}" for i in range(60))
@@ -184,13 +185,15 @@ def test_stats_table_names_each_input_by_its_file_name(model_dir, tmp_path):
 # bf16: a pass's rows are a step's bits (models/exact_rows.py), so greedy speculative = autoregressive
 
 
-def _steps_and_pass(model, prompt, k):
-    """Logits [k, V] of k one-token steps after `prompt` [1, T], and of one pass over the same k tokens."""
+def _steps_and_pass(model, prompt, k, tokens=None):
+    """Logits [k, V] of k one-token steps after `prompt` [1, T], and of one pass over the same k tokens: the
+    prompt's last, then `tokens` [1, ≥ k−1] (default: random)."""
     from specdec_cli.decoding.adapters import Decoder
 
     T = prompt.shape[1]
-    tokens = torch.randint(0, 30000, (1, k), generator=torch.Generator().manual_seed(k))  # [1, k]
-    seq = torch.cat([prompt[:, -1:], tokens], 1)  # [1, k+1]: the pending token, then k more
+    if tokens is None:
+        tokens = torch.randint(0, 30000, (1, k), generator=torch.Generator().manual_seed(k))  # [1, k]
+    seq = torch.cat([prompt[:, -1:], tokens], 1)  # [1, ≥ k]: the pending token, then the others
     pos = torch.arange(T - 1, T + k)[None]  # [1, k+1]
     out = []
     with torch.inference_mode():
@@ -219,6 +222,112 @@ def test_exact_rows_give_a_pass_the_bits_of_steps(smollm2):
         steps, passed = _steps_and_pass(rows, prompt, k)
         bad = [i for i in range(k) if not torch.equal(steps[i], passed[i])]
         assert not bad, f"k={k}: rows {bad} of the pass differ from their steps"
+
+
+class _Oracle(Drafter):
+    """A draft that knows the output: each round proposes the next γ tokens of `tokens` (the continuation of a
+    prompt of T tokens), so greedy verification scores them, and the rows after them, in one pass."""
+
+    def __init__(self, T, tokens):
+        self.T, self.tokens = T, list(tokens)
+
+    def propose(self, slots, gamma, params, generator, vocab, *, keep_logits=False, stop_below=0.0):
+        done = slots.length - self.T  # tokens emitted so far (the last is the pending slot)
+        out = torch.tensor([self.tokens[done : done + gamma]], dtype=torch.int64).reshape(1, -1)  # [1, ≤ γ]
+        for i in range(out.shape[1]):
+            slots.append(out[:, i])
+        return Proposal(out, None)
+
+
+@pytest.mark.slow
+def test_exact_rows_keep_greedy_speculative_autoregressive_at_a_built_tie(smollm2):
+    """A tie of the top two logits, built (token c's lm_head row set next to the argmax a's) where a plain bf16
+    pass breaks it otherwise than the steps: with exact_rows the pass picks what the steps pick, and greedy
+    speculative output is the autoregressive output token for token."""
+    import math
+
+    from torch import nn
+    from torch.nn.functional import linear
+
+    from specdec_cli import internals
+    from specdec_cli.decoding import generate
+    from specdec_cli.models.exact_rows import exact_rows, needs_rows
+
+    model = smollm2.model
+    if not needs_rows(model.lm_head.weight):
+        pytest.skip("steps and passes round alike here (not bf16/fp16 on a CPU): no tie to build")
+    k = 5  # rows of a pass: the pending token and γ = k−1 draft tokens
+    prompt = torch.tensor([smollm2.tokenizer("Bumblebees raise more queens near wildflower strips, a study")["input_ids"]])
+    T = prompt.shape[1]
+    # the fixture's model untouched: a shallow copy with an lm_head of its own (SmolLM2 ties lm_head to embed_tokens)
+    tied = internals.shallow_copy(model)
+    tied.lm_head = head = nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False, device="meta")
+    head.weight = W = nn.Parameter(model.lm_head.weight.detach().clone(), requires_grad=False)
+
+    def decode(target, draft, n, **kw):
+        mode = "autoregressive" if draft is None else "exact"
+        return generate(target, draft, prompt, mode=mode, params=GREEDY, max_new_tokens=n, **kw)
+
+    y = decode(tied, None, k - 1).tokens[0]  # the plain model's greedy tokens: rows 1..k−1 follow them
+    seen = []
+    hook = head.register_forward_hook(lambda module, inputs, out: seen.append(inputs[0]))
+    try:
+        steps, passed = _steps_and_pass(tied, prompt, k, torch.tensor([y]))
+    finally:
+        hook.remove()
+    assert len(seen) == k + 3  # prefill, k steps, prefill, the pass: what lm_head read, [1, 1 or k, d]
+    h_steps, h_pass = seen[1 : k + 1], seen[-1]
+    assert steps.argmax(-1).tolist()[: k - 1] == y
+
+    def tops(r):  # with lm_head W as it is now: argmax of the steps' rows 0..r and of the pass's
+        return ([linear(h_steps[i], W)[0, -1].argmax().item() for i in range(r + 1)],
+                linear(h_pass, W)[0, : r + 1].argmax(-1).tolist())
+
+    # build the tie: W[c] = W[a] + δ·e_j, the logit gap δ·h_j a multiple of an eighth of the bf16 spacing at a's
+    # logit, up to two spacings either way; the first (row r ≥ 1, j, δ) where the step and the pass pick otherwise
+    tie = None
+    with torch.inference_mode():
+        for r in range(1, k):
+            a, c = steps[r].topk(2).indices.tolist()
+            spacing = 2.0 ** (math.floor(math.log2(abs(steps[r, a].item()))) - 7)
+            h = h_steps[r][0, -1].float()
+            for j in h.abs().argsort(descending=True)[:8].tolist():
+                for m in (*range(1, 17), *range(-1, -17, -1)):
+                    W[c] = W[a]
+                    W[c, j] += m * spacing / 8 / h[j].item()
+                    step_top, pass_top = tops(r)
+                    if step_top[r] != pass_top[r] and step_top[:r] == pass_top[:r] == y[:r]:
+                        tie = r, a, c, j, W[c, j].item() - W[a, j].item(), spacing, step_top[r], pass_top[r]
+                        break
+                if tie:
+                    break
+            if tie:
+                break  # W keeps the tie
+            W[c] = model.lm_head.weight[c]
+    assert tie, "bf16 on a CPU: expected some W[c] = W[a] + δ·e_j whose tie a plain pass breaks otherwise than steps"
+    r, a, c, j, delta, spacing, step_pick, pass_pick = tie
+    where = f"row {r}: W[{c}] = W[{a}] + {delta:.3g}·e_{j}, a step picks {step_pick}, the pass {pass_pick}"
+
+    # the premise, end to end: greedy speculative decoding with the plain model leaves the autoregressive output
+    # at the tie (the draft proposes y, so the first round's pass is the one above)
+    ar = decode(tied, None, k).tokens[0]
+    spec = decode(tied, _Oracle(T, y), k, gamma=k - 1, gamma_schedule="constant").tokens[0]
+    assert ar[:r] == spec[:r] == y[:r] and (ar[r], spec[r]) == (step_pick, pass_pick), f"{where}: {ar} {spec}"
+
+    # the claim: with exact_rows the pass picks what the steps pick at every row (bit for bit), and speculative
+    # output is autoregressive, the tied row scored inside the one pass of a draft that is always right
+    rows = exact_rows(tied)
+    steps, passed = _steps_and_pass(rows, prompt, k, torch.tensor([y]))
+    assert steps.argmax(-1).tolist() == passed.argmax(-1).tolist(), where
+    assert torch.equal(steps, passed), where
+    top2 = steps[r].float().topk(2)
+    assert sorted(top2.indices.tolist()) == sorted([a, c]) and top2.values.diff().abs().item() <= 2 * spacing, \
+        f"{where}: the tie should hold with exact_rows too, its top two {top2}"
+    ar = decode(rows, None, k)
+    assert ar.tokens[0][:r] == y[:r], "exact_rows should reach the tied row on the plain model's path"
+    spec = decode(rows, _Oracle(T, ar.tokens[0]), k, gamma=k - 1, gamma_schedule="constant")
+    assert spec.tokens == ar.tokens, where
+    assert (spec.stats.target_calls, spec.stats.accepted_tokens) == (1, k - 1)  # one pass scored every row
 
 
 @pytest.fixture(scope="module")
