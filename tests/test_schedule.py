@@ -24,8 +24,11 @@ class Machine:
     and one in `outlier` is 1.6× (another process took the CPU)."""
 
     def __init__(self, alpha, t_draft, slope, t_verify=0.0, t1=1.0, jitter=0.1, seed=0, alpha_run=None, stop=0.0,
-                 p2=None, outlier=0):
+                 p2=None, outlier=0, first_draft=1.0, catch_up=0.0):
         self.alpha, self.t_draft, self.slope, self.t_verify, self.t1 = alpha, t_draft, slope, t_verify, t1
+        # first_draft: the first speculative round's draft costs this many times more (one-off set-up);
+        # catch_up: each slot the draft missed during plain steps adds this many draft steps to its first step
+        self.first_draft, self.catch_up, self.plain_before = first_draft, catch_up, None
         self.alpha_run = alpha if alpha_run is None else alpha_run
         self.stop, self.p2, self.outlier = stop, 1 + slope if p2 is None else p2, outlier
         self.jitter, self.rng = jitter, random.Random(seed)
@@ -73,8 +76,12 @@ class Machine:
                 a = 0
                 while a < g and self.rng.random() < (self.alpha if a == 0 else self.alpha_run):
                     a += 1
-                r = Round(g, [a], asked, draft_s=self._noisy(g * self.t_draft), target_s=self._noisy(self.pass_s(g + 1)),
-                          verify_s=self._noisy(self.t_verify))
+                missed = 0 if self.plain_before is None else self.plain_before
+                draft_s = (g + self.catch_up * missed) * self.t_draft * (self.first_draft if self.plain_before is None else 1)
+                r = Round(g, [a], asked, draft_s=self._noisy(draft_s), target_s=self._noisy(self.pass_s(g + 1)),
+                          verify_s=self._noisy(self.t_verify), catch_up=1 + missed)
+                self.plain_before = -1
+            self.plain_before = None if self.plain_before is None else self.plain_before + 1
             schedule.observe(r)
             made += r.accepted[0] + 1
         return sum(map(self.tokens, history)) / sum(map(self.cost, history)), history
@@ -130,6 +137,21 @@ def test_auto_falls_back_to_plain_steps_and_says_so():
     gaps = [b - a for a, b in zip(speculative[1:], speculative[2:])]
     assert gaps == sorted(gaps) and gaps[-1] > 4 * gaps[0], gaps
     assert schedule.estimates()["c"] == pytest.approx(1.0, rel=0.15)
+
+
+def test_a_slow_first_round_does_not_keep_auto_on_plain_steps():
+    """The first speculative round pays one-off set-up (here 20× its draft cost), so auto takes plain steps; its
+    probes after them pay the draft's catch-up too, so they are no draft step's cost, but they bound it from
+    above: auto goes back to speculating within a few probes, well before the end of a 100-token summary."""
+    m = machine("summarize, AMD EPYC", first_draft=20.0, catch_up=0.5)
+    schedule = Auto(4)
+    _, history = m.run(schedule, tokens=100)
+    assert history[1] == 0 and history[2:].count(0) < len(history[2:]) / 2, history
+    assert schedule.estimates()["c"] < 2 * m.t_draft / m.t1
+    with_bound_removed = Auto(4)
+    with_bound_removed.draft_step.bound = lambda x: None  # what auto did before: the estimate stays 20× too high
+    _, stuck = machine("summarize, AMD EPYC", first_draft=20.0, catch_up=0.5).run(with_bound_removed, tokens=100)
+    assert stuck[2:].count(0) > len(stuck[2:]) / 2, stuck
 
 
 def test_auto_chooses_the_gamma_the_costs_call_for():

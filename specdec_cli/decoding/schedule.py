@@ -94,6 +94,11 @@ class _Average:
             self.value += self.weight * (min(x, self.clip * self.value) - self.value)
         self.count += 1
 
+    def bound(self, x: float) -> None:
+        """x is at least the true value (it includes other work): an estimate above it is wrong, take x."""
+        if self.value is None or x < self.value:
+            self.value, self.count = x, max(self.count, 1)
+
 
 class _Line:
     """t ≈ a + b·k, fitted by least squares to recent (k, t) with weights that decay by `decay` per sample;
@@ -197,8 +202,10 @@ class Auto:
         self.plain_run = 0
         self.rounds += 1
         self.passes.add(r.gamma + 1, r.target_s)
-        if r.catch_up <= 2:  # after plain steps the draft's first step reads them all: not a draft step's cost
+        if r.catch_up <= 2:
             self.draft_step.add(r.draft_s / r.gamma)
+        else:  # after plain steps the draft's first step reads them all: more than a step, so a bound from above
+            self.draft_step.bound(r.draft_s / r.gamma)  # (without it a slow first round kept auto on plain steps)
         self.verify.add(r.verify_s)
         asked = r.gamma if r.asked is None else r.asked
         self.drafts.add(min(r.gamma + 1, asked), r.gamma)  # the draft went on to token j, or stopped there
