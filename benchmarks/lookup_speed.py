@@ -25,10 +25,9 @@ from pathlib import Path
 import torch
 
 from specdec_cli.bench.machine import cpu_model
+from specdec_cli.bench.runners import data_files
 from specdec_cli.options import SummarizeOptions
 from specdec_cli.tasks import summarize as task
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def hf_lookup(target, article, opts):
@@ -50,8 +49,7 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    paths = sorted(p for p in (ROOT / "examples" / "articles").glob("*.txt") if not p.name.endswith(".ref.txt"))
-    articles = [task.read_article(str(p)) for p in paths][: args.articles or None]
+    articles = [task.read_article(p) for p in data_files("summarize", None)][: args.articles or None]
     opts = SummarizeOptions()
     target, model_draft = task.load_pair(opts, progress=False)
     drafts = {"embedded": model_draft, "lookup": task.load_draft("lookup", target),

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from specdec_cli.bench.runners import data_files
 from specdec_cli.decoding import SamplingParams, generate
 from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
@@ -59,10 +60,7 @@ def main():
 
     pair = SummarizeOptions(target=args.target, draft=args.draft, device="cpu")
     target, draft = task.load_pair(pair)
-    paths = sorted(p for p in Path("examples/articles").glob("*.txt") if not p.name.endswith(".ref.txt"))
-    if args.articles:
-        paths = paths[: args.articles]
-    articles = [task.read_article(str(p)) for p in paths]
+    articles = [task.read_article(p) for p in data_files("summarize", None)][: args.articles or None]
     tok = target.tokenizer
     eos = task.eos_ids(tok, target.model)
     contenders = args.contenders.split(",")

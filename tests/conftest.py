@@ -4,6 +4,7 @@ Models: a session-wide specdec cache, so SmolLM2 is dequantized once per test ru
 of real architectures (llama, qwen2, Whisper) saved or built here, so most tests need no model package.
 """
 
+import contextlib
 import copy
 import os
 from pathlib import Path
@@ -17,6 +18,18 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams, probs_from_logits, process_logits
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's thread count set to n for the block, restored after."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
 
 ROOT = Path(__file__).resolve().parent.parent  # the source tree
 # Where the Triton kernels run: compiled on a GPU, under the interpreter on a CPU (SPECDEC_TEST_DEVICE overrides)

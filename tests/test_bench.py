@@ -14,6 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import torch_threads
+
 from specdec_cli import options
 from specdec_cli.bench import config, contenders, harness, machine, runners, synthetic
 from specdec_cli.bench.results import BenchResults
@@ -29,23 +31,17 @@ TINY = ["bench", "--task", "synthetic", "--vocab", "1000", "--gamma", "1,3", "--
 @pytest.fixture(autouse=True)
 def one_thread():
     """Structure, not speed, is tested here: one thread keeps a busy machine from stalling torch's pool."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """One CLI run of the tiny grid writing every output; shared by the tests that read them."""
     d = tmp_path_factory.mktemp("bench")
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         r = runner.invoke(app, [*TINY, "--json", "--out", str(d / "r.json"), "--csv", str(d / "r.csv"),
                                 "--plot", str(d / "plots")])
-    finally:
-        torch.set_num_threads(saved)
     return r, d
 
 

@@ -14,7 +14,7 @@ import torch
 
 from conftest import (
     GREEDY, PROMPT, ROOT, PROMPTS, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair,
-    sample_many, sample_one_by_one,
+    sample_many, sample_one_by_one, torch_threads,
 )
 from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate
 from specdec_cli.decoding.sampling import SamplingParams
@@ -24,10 +24,8 @@ from specdec_cli.errors import SpecdecError
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models are faster on one thread, and far faster when other jobs share the 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.decoding.drafter import Drafter, Proposal
-from conftest import GREEDY, ROOT, tiny_config, word_tokenizer
+from conftest import GREEDY, tiny_config, word_tokenizer
 
 runner = CliRunner()
 ARTICLE = " ".join(f"w{(i * 37) % 900 + 2}" for i in range(60))
@@ -333,10 +333,10 @@ def test_exact_rows_keep_greedy_speculative_autoregressive_at_a_built_tie(smollm
 @pytest.fixture(scope="module")
 def smollm2_articles(smollm2):
     """The seven example articles and SmolLM2's greedy autoregressive summaries of them (bf16, 32 tokens)."""
+    from specdec_cli.bench.runners import data_files
     from specdec_cli.tasks import summarize as task
 
-    paths = sorted(p for p in (ROOT / "examples" / "articles").glob("*.txt") if not p.name.endswith(".ref.txt"))
-    articles = [task.read_article(str(p)) for p in paths]
+    articles = [task.read_article(p) for p in data_files("summarize", None)]
     opts = task.SummarizeOptions(target="embedded:smollm2", max_new_tokens=32, dtype="bfloat16")
     return articles, opts, [s.text for s in task.summarize(smollm2, None, articles, opts, mode="autoregressive")]
 

@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import first_two_pvalue, save_tiny_whisper
+from conftest import first_two_pvalue, save_tiny_whisper, torch_threads
 from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.errors import SpecdecError
@@ -98,10 +98,8 @@ def test_rules_at_the_first_generated_token_and_after_each_kind():
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
     """One torch thread (as tests/test_transcribe.py: on a shared 2-core machine far faster)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with torch_threads(1):
+        yield
 
 
 # ---- segments ----------------------------------------------------------------------------------------

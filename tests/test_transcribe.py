@@ -18,7 +18,7 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from conftest import assert_same_up_to_rounding, save_tiny_whisper, whisper_decoder_sums
+from conftest import assert_same_up_to_rounding, save_tiny_whisper, whisper_decoder_sums, torch_threads
 from specdec_cli.bench.metrics import wer
 from specdec_cli.cli import app
 from specdec_cli.drafts.int4 import linear, pack_int4
@@ -66,10 +66,8 @@ def speech_wav(tmp_path_factory):
 def one_torch_thread():
     """One torch thread for this module: on a shared 2-core machine, two threads that wait on each other
     while another process holds a core made these tests 11× slower (441 s against 39 s, measured)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with torch_threads(1):
+        yield
 
 
 def test_tiny_whisper_loads_by_path_and_speculative_equals_autoregressive(tiny, speech_wav):
