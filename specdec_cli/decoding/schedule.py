@@ -12,19 +12,22 @@ tokens differ between runs with the same seed (their distribution does not); `co
 
 The cost model of `auto` (after Leviathan et al. 2023, §3.4), for a round that asks for γ draft tokens:
 
-    expected tokens  E(γ) = 1 + Σ_{j=1..γ} D(j)·S(j)
+    expected tokens  E(γ) = 1 + Σ_{j=1..γ} Q(j)
     cost             C(γ) = d(γ)·t_draft + t_target(d(γ) + 1) + t_verify,   d(γ) = Σ_{j=1..γ} D(j)
     γ = 0            E = 1, C = t_target(1)
 
-S(j) is the chance that draft tokens 1..j are all accepted and D(j) that the draft proposes a j-th token at
-all (--draft-stop ends a round early where the draft is unsure). Both are measured position by position,
-as survival curves of decaying counts, each position starting from a prior of two tokens at the overall
-rate: with independent acceptance α, S(j) = α^j and E is Leviathan's (1 − α^(γ+1)) / (1 − α); measured,
-they also see that acceptance comes in runs (a draft that got 4 tokens right is likelier to get the 5th).
+Q(j) is the chance that the draft proposes tokens 1..j and all are accepted, D(j) the chance that it proposes a
+j-th token at all (--draft-stop ends a round early where the draft is unsure). Both are measured position by
+position, as survival curves of decaying counts, each position starting from a prior of two tokens at the
+overall rate: with independent acceptance α and no draft-stop, Q(j) = α^j and E is Leviathan's
+(1 − α^(γ+1)) / (1 − α). Q is measured jointly, not as D(j) times an acceptance: the draft stops where it is
+unsure, which is where it would be rejected, so the product underrated long rounds (on the 74 s recording auto
+settled at γ 4–5 where γ 10 ran 11 % faster). Measured, the curves also see that acceptance comes in runs.
 t_draft is one draft step, t_target(k) the target's pass over k tokens: a plain step for k = 1 (a one-row
 matrix product may take another kernel), a line fitted to the recent passes for k ≥ 2; t_verify one
 verification. Times are running averages that clip a sample more than 1.5× above the estimate (another
-process took the CPU). Whether to speculate at all is decided with S half a standard error higher. While
+process took the CPU). Whether to speculate at all is decided with Q half a standard error higher, and only
+where that beats plain steps by 2 %. While
 plain steps win, a speculative round is tried now and then (after 8 plain steps, then 16, ... up to 256) to
 see whether the draft or the costs moved; while speculation wins, one round in 8 asks for about 1.5× the
 best γ, so that the passes and acceptance beyond it are measured, not guessed.
@@ -168,6 +171,8 @@ class Auto:
     probe_last: int = 256
     decay: float = 0.99  # per round, of the acceptance and drafting counts
     hope: float = 0.5  # standard errors added to acceptance when deciding whether to speculate at all
+    margin: float = 0.02  # ... and by how much it must beat plain steps: their estimate is not refreshed
+    #                      while speculating, so one ~10 % noisy sample can leave it a few % high for long
     explore_every: int = 8  # one speculative round in this many asks for ~1.5× the best γ
     name: str = "auto"
     draft_step: _Average = field(default_factory=_Average)
@@ -181,22 +186,24 @@ class Auto:
         options.check_gamma(self.gamma_max)
         self.probe_every = self.probe_first
         self._probing = False
-        self.accepts = _Survival(self.gamma_max, self.decay)  # S(j): draft tokens 1..j accepted
+        self.gains = _Survival(self.gamma_max, self.decay)  # Q(j): draft tokens 1..j proposed and accepted
         self.drafts = _Survival(self.gamma_max, self.decay)  # D(j): the draft proposed a j-th token
+        self.tested = self.accepted = 0.0  # draft tokens verified and accepted, decaying as the curves do
         self.seen: dict[int, _Average] = {}  # k -> the target's pass over k tokens, as measured; k = 1: a plain step
 
     # -- what was measured
 
     @property
     def alpha(self) -> float:
-        """The share of tested draft tokens accepted."""
-        return self.accepts.rate
+        """The share of tested draft tokens accepted (one in two as its prior)."""
+        return (self.accepted + 1.0) / (self.tested + 2.0)
 
     def observe(self, r: Round) -> None:
         self.seen.setdefault(r.gamma + 1, _Average()).add(r.target_s)
         if r.gamma == 0:
-            if r.asked:  # the draft was asked and had nothing (no n-gram matched): D(1) learns it
+            if r.asked:  # the draft was asked and had nothing (no n-gram matched): D(1) and Q(1) learn it
                 self.drafts.add(1, 0)
+                self.gains.add(1, 0)
             self.plain_run += 1
             return
         self.plain_run = 0
@@ -209,8 +216,10 @@ class Auto:
         self.verify.add(r.verify_s)
         asked = r.gamma if r.asked is None else r.asked
         self.drafts.add(min(r.gamma + 1, asked), r.gamma)  # the draft went on to token j, or stopped there
-        for a in r.accepted:  # each row tested its tokens up to and including the first rejected one
-            self.accepts.add(min(a + 1, r.gamma), a)
+        self.tested, self.accepted = self.decay * self.tested, self.decay * self.accepted
+        for a in r.accepted:  # each row gained a tokens: it failed at the first rejected one, or where the draft stopped
+            self.gains.add(min(a + 1, asked), a)
+            self.tested, self.accepted = self.tested + min(a + 1, r.gamma), self.accepted + a
         if self._probing:  # the probe says speculation still loses: wait longer before the next one
             self._probing = False
             self.probe_every = min(2 * self.probe_every, self.probe_last) if self.best() == 0 else self.probe_first
@@ -229,12 +238,12 @@ class Auto:
 
     def rates(self, lift: float = 0.0) -> list[float]:
         """[expected tokens per second (per row) of a round asking for γ] for γ = 0..gamma_max; lift: standard
-        errors added to each position's acceptance."""
+        errors added to each position's gain."""
         drafted = self.drafts.curve(self.gamma_max)  # D(j)
-        accepted = self.accepts.curve(self.gamma_max, lift)  # S(j)
+        gained = self.gains.curve(self.gamma_max, lift)  # Q(j)
         out, tokens, d = [1.0 / self.pass_s(1)], 1.0, 0.0
-        for dj, sj in zip(drafted, accepted):
-            tokens, d = tokens + dj * sj, d + dj
+        for dj, qj in zip(drafted, gained):
+            tokens, d = tokens + qj, d + dj
             out.append(tokens / (d * self.draft_step.value + self.pass_s(1 + d) + self.verify.value))
         return out
 
@@ -242,7 +251,7 @@ class Auto:
         """The best γ ≥ 1; 0 instead when even a hopeful acceptance says plain steps are faster."""
         rates = self.rates()
         g = max(range(1, self.gamma_max + 1), key=rates.__getitem__)
-        return g if least > 0 or self.rates(self.hope)[g] > rates[0] else 0
+        return g if least > 0 or self.rates(self.hope)[g] > (1 + self.margin) * rates[0] else 0
 
     # -- the choice
 
@@ -261,7 +270,7 @@ class Auto:
 
     def estimates(self) -> dict:
         """What the choice rests on, for --json and the bench: c = draft step / target step, the pass-cost
-        ratios t_target(k)/t_target(1) as measured, α, and the survival curves S and D."""
+        ratios t_target(k)/t_target(1) as measured, α, and the survival curves Q and D."""
         one = self.step_s
         seen = {k: a.value for k, a in sorted(self.seen.items())}
         return {
@@ -272,7 +281,7 @@ class Auto:
             "target_pass_ms": {k: 1e3 * t for k, t in seen.items()},
             "c": None if one is None or self.draft_step.value is None else self.draft_step.value / one,
             "pass_ratio": {k: t / one for k, t in seen.items()} if one else {},
-            "accepted_through": self.accepts.curve(self.gamma_max),
+            "gained_through": self.gains.curve(self.gamma_max),
             "drafted_through": self.drafts.curve(self.gamma_max),
             "probe_every": self.probe_every,
         }
