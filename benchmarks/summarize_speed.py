@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
+from specdec_cli.bench.machine import cpu_model
 from specdec_cli.bench.runners import data_files
 from specdec_cli.decoding import SamplingParams, generate
 from specdec_cli.drafts.int8 import quantize_draft
@@ -33,13 +33,6 @@ from specdec_cli.options import SummarizeOptions
 from specdec_cli.tasks import summarize as task
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main():
@@ -145,7 +138,7 @@ def main():
     if args.out:
         result = {
             "command": "python benchmarks/summarize_speed.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in ("", None)),
-            "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+            "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__},
             "target": target.name, "draft": draft.name, "dtype": str(target.dtype), "gamma": args.gamma,
             "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "articles": [a.name for a in articles],
             "greedy_outputs_identical": not mismatches, "results": rows, "summaries": per_article,

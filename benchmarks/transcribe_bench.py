@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from specdec_cli.bench.machine import cpu_model
 from specdec_cli.bench.metrics import wer
 from specdec_cli.decoding import SamplingParams, generate
 from specdec_cli.drafts import lean_whisper
@@ -58,16 +59,6 @@ from specdec_cli.tasks.whisper_scoring import Suppressor, WindowDecoder, cross_k
 GREEDY = SamplingParams(temperature=0.0)
 DEFAULTS = TranscribeOptions()
 DEFAULT_GRID = "8192:0.8:8,16384:0:8,16384:0.5:8,16384:0.8:6,16384:0.8:8,16384:0.8:10,16384:0.8:12,16384:0.9:8,32768:0.8:8"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def espeak_articles(out: Path, chars: int = 600) -> list[str]:
@@ -281,7 +272,7 @@ def main():
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                  cwd=Path(__file__).resolve().parent).stdout.strip() or None,
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": args.threads,
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": args.threads,
                     "torch": torch.__version__, "python": platform.python_version(),
                     "load_average_at_end": os.getloadavg()},
         "target": target.name, "dtype": args.dtype, "decoder_layers": n_layers,

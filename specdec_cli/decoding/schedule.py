@@ -188,15 +188,15 @@ class Auto:
         self._probing = False
         self.gains = _Survival(self.gamma_max, self.decay)  # Q(j): draft tokens 1..j proposed and accepted
         self.drafts = _Survival(self.gamma_max, self.decay)  # D(j): the draft proposed a j-th token
-        self.tested = self.accepted = 0.0  # draft tokens verified and accepted, decaying as the curves do
+        self.accepts = _Survival(self.gamma_max, self.decay)  # draft tokens tested and accepted: α, for reports
         self.seen: dict[int, _Average] = {}  # k -> the target's pass over k tokens, as measured; k = 1: a plain step
 
     # -- what was measured
 
     @property
     def alpha(self) -> float:
-        """The share of tested draft tokens accepted (one in two as its prior)."""
-        return (self.accepted + 1.0) / (self.tested + 2.0)
+        """The share of tested draft tokens accepted."""
+        return self.accepts.rate
 
     def observe(self, r: Round) -> None:
         self.seen.setdefault(r.gamma + 1, _Average()).add(r.target_s)
@@ -216,10 +216,9 @@ class Auto:
         self.verify.add(r.verify_s)
         asked = r.gamma if r.asked is None else r.asked
         self.drafts.add(min(r.gamma + 1, asked), r.gamma)  # the draft went on to token j, or stopped there
-        self.tested, self.accepted = self.decay * self.tested, self.decay * self.accepted
         for a in r.accepted:  # each row gained a tokens: it failed at the first rejected one, or where the draft stopped
             self.gains.add(min(a + 1, asked), a)
-            self.tested, self.accepted = self.tested + min(a + 1, r.gamma), self.accepted + a
+            self.accepts.add(min(a + 1, r.gamma), a)  # tested up to and including the first rejected one
         if self._probing:  # the probe says speculation still loses: wait longer before the next one
             self._probing = False
             self.probe_every = min(2 * self.probe_every, self.probe_last) if self.best() == 0 else self.probe_first
