@@ -27,10 +27,10 @@ t_draft is one draft step, t_target(k) the target's pass over k tokens: a plain 
 matrix product may take another kernel), a line fitted to the recent passes for k ≥ 2; t_verify one
 verification. Times are running averages that clip a sample more than 1.5× above the estimate (another
 process took the CPU). Whether to speculate at all is decided with Q half a standard error higher, and only
-where that beats plain steps by 2 %. While
-plain steps win, a speculative round is tried now and then (after 8 plain steps, then 16, ... up to 256) to
-see whether the draft or the costs moved; while speculation wins, one round in 8 asks for about 1.5× the
-best γ, so that the passes and acceptance beyond it are measured, not guessed.
+where that beats plain steps by 2 %. While plain steps win, a speculative round is tried now and then (after 2
+plain steps, then 4, ... up to 256) to see whether the draft or the costs moved, or the first rounds were only
+unlucky (waiting 8 plain steps instead cost two replayed short summaries 5 %); while speculation wins, one round
+in 8 asks for about 1.5× the best γ, so that the passes and acceptance beyond it are measured, not guessed.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class Auto:
 
     gamma_max: int
     calibrate_gamma: int = 3  # the first round's γ: a few draft tokens, cheap if speculation does not pay
-    probe_first: int = 8  # plain steps before a speculative round is tried again
+    probe_first: int = 2  # plain steps before a speculative round is tried again (doubling while it loses)
     probe_last: int = 256
     decay: float = 0.99  # per round, of the acceptance and drafting counts
     hope: float = 0.5  # standard errors added to acceptance when deciding whether to speculate at all
