@@ -301,6 +301,25 @@ def test_vocab_size_cuts_padding_rows():
     assert greedy.tokens == autoregressive(target, PROMPT, n=10, vocab_size=16).tokens
 
 
+def test_kept_logits_reach_the_output_layer_as_dense_rows(pair):
+    """A forward over T > 1 tokens that keeps the last logits hands the output layer a dense [B, 1, H]: with a
+    view whose batch stride spans all T rows, torch's matmul copies the whole [V, H] weight for every call where
+    the weight needs no grad (as loading leaves it). The logits are the last row of a full forward's."""
+    target = copy.deepcopy(pair[0]).requires_grad_(False)
+    seen = []
+    target.get_output_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    decoder, tokens = Decoder(target), PROMPT[:, :6]  # [1, 6]
+    positions = torch.arange(6)[None]  # [1, 6]
+    with torch.inference_mode():
+        decoder.reset()
+        kept = decoder.forward(tokens, None, positions, keep=1)  # [1, 1, V]
+        decoder.reset()
+        full = decoder.forward(tokens, None, positions)  # [1, 6, V]
+    x = seen[0]  # [1, 1, H]
+    assert x.shape[1] == 1 and x.stride(0) == x.shape[1] * x.stride(1), x.stride()
+    torch.testing.assert_close(kept[:, 0], full[:, -1])
+
+
 # ----------------------------------------------------------------------------------------------------
 # an encoder-decoder (Whisper) through the Seq2SeqDecoder adapter
 
