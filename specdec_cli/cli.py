@@ -214,7 +214,7 @@ def bench(
     draft_vocab: Annotated[Optional[str], typer.Option(help=f"A task's draft output layer sizes, comma-separated, as for specdec summarize|transcribe (default: summarize {S.draft_vocab}, transcribe {T.draft_vocab}; 0 = full).")] = None,
     draft_quantized: Annotated[Optional[str], typer.Option(help="A task's draft weights: on (summarize int8, transcribe int4; the default), off, or on,off to compare.")] = None,
     target_int8: Annotated[Optional[str], typer.Option(help="transcribe: the target's weights: off (the default: the model itself), on (int8 decoder linears and output layer, as specdec transcribe --target-int8), or off,on to compare.")] = None,
-    peers: Annotated[Optional[str], typer.Option(help="Other tools run beside, on the same inputs and threads, comma-separated: faster-whisper (transcribe; pip install 'specdec[peers]'; float32 and int8, fed the embedded Whisper's CTranslate2 files). One that is not installed is skipped with one line.")] = None,
+    peers: Annotated[Optional[str], typer.Option(help="Other tools run beside, on the same inputs and threads, comma-separated: faster-whisper (transcribe; pip install 'specdec[peers]'; float32 and int8, fed the embedded Whisper's CTranslate2 files); hf-assisted (summarize; transformers' generate() with the draft as assistant_model, and with prompt_lookup_num_tokens). One that is not installed is skipped with one line.")] = None,
     draft_stop: Annotated[Optional[float], typer.Option(help=f"A task's --draft-stop, as for specdec summarize|transcribe (default: summarize {S.draft_stop}, transcribe {T.draft_stop}).")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help=f"A task: new tokens per input (default: summarize {S.max_new_tokens}, transcribe {T.max_new_tokens} per 30 s window).")] = None,
     language: Annotated[Optional[str], typer.Option(help=f"transcribe: the language, as for specdec transcribe (default: {T.language}); --peers run with it too.")] = None,
@@ -249,6 +249,7 @@ def bench(
       specdec bench --task transcribe --data clips/ --target embedded:tiny.en
       specdec bench --task transcribe --threads 1,all --draft-quantized on,off
       specdec bench --task transcribe --target-int8 off,on --peers faster-whisper
+      specdec bench --task summarize --limit 2 --modes exact --peers hf-assisted
     """
     from specdec_cli import render
     from specdec_cli.bench import config as cfg

@@ -668,6 +668,29 @@ def test_faster_whisper_missing_is_one_line_and_the_bench_runs(monkeypatch, tmp_
     assert len(json.loads(r.stdout)["results"]) == 5
 
 
+def test_hf_assisted_peer_beside_specdec(tiny_llama, articles_dir, tmp_path):
+    """--peers hf-assisted: transformers' generate() with the self:2 draft as assistant_model and with prompt lookup,
+    on the same articles and thread count: greedy, so each summary is the target alone's; its speedup is over
+    specdec's autoregressive record, its ROUGE against the same references; the table shows it."""
+    saved = torch.get_num_threads()
+    try:
+        r = runner.invoke(app, task_args("summarize", tiny_llama, articles_dir, "--draft", "self:2", "--gamma", "3",
+                                         "--modes", "exact", "--max-new-tokens", "12", "--draft-vocab", "0",
+                                         "--peers", "hf-assisted", "--out", tmp_path / "s.json"))
+    finally:
+        torch.set_num_threads(saved)
+    assert r.exit_code == 0, r.output
+    records = json.loads((tmp_path / "s.json").read_text())["results"]
+    ar = next(x for x in records if x["mode"] == "autoregressive")
+    hf = [x for x in records if x["peer"] == "hf-assisted"]
+    assert [x["mode"] for x in hf] == ["hf-assisted draft", "hf-assisted prompt lookup"]
+    for x in hf:
+        assert x["outputs"] == ar["outputs"] and x["same_as_autoregressive"] == 1.0 and x["threads"] == 1
+        assert x["new_tokens"] == ar["new_tokens"] and x["speedup"] == pytest.approx(x["tokens_per_s"] / ar["tokens_per_s"])
+        assert x["quality"] == ar["quality"]
+    assert "hf-assisted prompt lookup" in r.output and "generation_config" not in r.output
+
+
 @pytest.mark.parametrize("args, message", [(["--peers", "whisper.cpp"], "--peers"),
                                            (["--task", "summarize", "--peers", "faster-whisper"], "--task transcribe"),
                                            (["--task", "summarize", "--target-int8", "on"], "--target-int8"),

@@ -161,6 +161,8 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
             r.speedup = 1.0
             continue
         ar = ars.get((r.threads, r.target_int8)) if r.mode != "autoregressive" and r.peer is None else plain
+        if r.peer is not None and r.end_to_end_s is None and plain is not None and plain.tokens_per_s > 0:
+            r.speedup = r.tokens_per_s / plain.tokens_per_s  # a peer timed as the loops are (hf-assisted: same target)
         if r.peer is not None or r.mode == "autoregressive":  # another model (or tool): tokens/s differ in kind
             if greedy and ar is not None and ar.outputs and len(r.outputs) == len(ar.outputs):
                 r.same_as_autoregressive = sum(a == b for a, b in zip(r.outputs, ar.outputs)) / len(ar.outputs)

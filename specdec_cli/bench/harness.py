@@ -56,6 +56,6 @@ def total_steps(config: SyntheticConfig | TaskConfig) -> int:
     settings = runners.task_settings(config)
     targets = len({s.target for s in settings})  # autoregressive: once per (threads, target)
     target = runners.task_options(config).target
-    peer_steps = sum(len(peers.PEERS[p].compute_types) for p in config.peers if peers.skipped(p, target) is None)
+    peer_steps = sum(len(peers.PEERS[p].variants) for p in config.peers if peers.skipped(p, target) is None)
     threads = len({s.threads for s in settings})
     return targets + len(settings) * len(config.schedules) * len(config.gammas) * len(config.modes) + threads * peer_steps

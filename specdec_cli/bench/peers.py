@@ -1,22 +1,30 @@
-"""Other tools as contenders beside specdec's own (`specdec bench --peers`): faster-whisper for transcribe.
+"""Other tools as contenders beside specdec's own (`specdec bench --peers`), on the same inputs at the same
+thread count:
 
-faster-whisper reads the embedded Whisper's own CTranslate2 files (models.whisper_convert.ensure_ct2: joined
-once into the cache), on the same clips and at the same thread count as the run, decoding as specdec does:
-greedy (beam 1, temperature 0, no fallback), no timestamps, no conditioning on the previous window, no VAD,
-the run's --language (auto: its own detection). One record per compute type (float32, int8); load excluded.
-Its time covers features, encoder and decoder, so it is set beside specdec's end_to_end_s (not wall_s, which
-is specdec's decoding loops alone).
-
-faster-whisper is an optional extra (`pip install 'specdec[peers]'`): when it is not installed, `skipped`
-gives the one line the bench shows, and the rest of the bench runs.
+    faster-whisper  (transcribe) the embedded Whisper's own CTranslate2 files (models.whisper_convert.ensure_ct2:
+                    joined once into the cache), decoding as specdec does: greedy (beam 1, temperature 0, no
+                    fallback), no timestamps, no conditioning on the previous window, no VAD, the run's --language
+                    (auto: its own detection). One record per compute type (float32, int8); load excluded. Its
+                    time covers features, encoder and decoder, so it is set beside specdec's end_to_end_s (not
+                    wall_s, which is specdec's decoding loops alone). An optional extra (`pip install
+                    'specdec[peers]'`): when it is not installed, `skipped` gives the one line the bench shows,
+                    and the rest of the bench runs.
+    hf-assisted     (summarize) transformers' own speculative decoding, `generate()` on the same target and
+                    prompts: with assistant_model = the run's draft model (its own γ heuristic; the draft as
+                    transformers users run it, in the target's dtype with its whole output layer) and with
+                    prompt_lookup_num_tokens (its prompt lookup). Greedy, batch 1, the same EOS and
+                    max_new_tokens. Its time covers the prefill and the decoding, as specdec's wall_s does, so
+                    it gets a tokens/s speedup over the target alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from specdec_cli.bench.contenders import Progress, TaskRecord, score_quality
 from specdec_cli.bench.machine import PeakMemory
@@ -27,10 +35,13 @@ class Peer:
     name: str  # as --peers spells it
     task: str  # the task it runs beside
     module: str  # what must import
-    compute_types: tuple[str, ...]  # one record each
+    variants: tuple[str, ...]  # one record each: faster-whisper's compute types, hf-assisted's drafts
+    embedded_only: bool = False  # reads only an embedded target
 
 
-PEERS = {"faster-whisper": Peer("faster-whisper", "transcribe", "faster_whisper", ("float32", "int8"))}
+PEERS = {"faster-whisper": Peer("faster-whisper", "transcribe", "faster_whisper", ("float32", "int8"), embedded_only=True),
+         "hf-assisted": Peer("hf-assisted", "summarize", "transformers", ("draft", "prompt lookup"))}
+PROMPT_LOOKUP_TOKENS = 10  # hf-assisted's n-gram lookup: the value transformers' documentation uses
 INSTALL = "pip install 'specdec[peers]'"
 WARMUP_SECONDS = 5  # the untimed first call: the first seconds of the first clip
 
@@ -42,7 +53,7 @@ def skipped(name: str, target: str = "embedded") -> str | None:
         __import__(peer.module)
     except ImportError:
         return f"--peers {name}: {peer.module} is not installed ({INSTALL}): its contenders are skipped"
-    if _embedded_name(target) is None:
+    if peer.embedded_only and _embedded_name(target) is None:
         return f"--peers {name}: runs only on an embedded target (got {target!r}): its contenders are skipped"
     return None
 
@@ -70,7 +81,7 @@ def faster_whisper_records(target: str, audios: list[np.ndarray], references: li
     folder = str(ensure_ct2(_embedded_name(target)))
     lang = None if language == "auto" else language
     records = []
-    for compute in PEERS["faster-whisper"].compute_types:
+    for compute in PEERS["faster-whisper"].variants:
         model = WhisperModel(folder, device="cpu", compute_type=compute, cpu_threads=threads)
         _transcribe(model, [audios[0][: WARMUP_SECONDS * 16000]], lang, max_new_tokens)  # untimed
         best = None
@@ -104,3 +115,69 @@ def _transcribe(model, audios: list[np.ndarray], language: str | None, max_new_t
         texts.append(" ".join(s.text.strip() for s in segments if s.text.strip()))
         tokens += sum(len(s.tokens) for s in segments)
     return texts, tokens
+
+
+def hf_assisted_records(opts, articles: list, references: list[str] | None, *, threads: int, repeat: int = 1,
+                        progress: Progress | None = None) -> list[TaskRecord]:
+    """One TaskRecord per variant (PEERS["hf-assisted"]): transformers' generate() over every article, the fastest
+    of `repeat` passes after an untimed two-token call; opts: the run's SummarizeOptions (target, draft, dtype,
+    device, max_new_tokens, truncation). The draft variant runs where the draft is a model (not `lookup`)."""
+    from specdec_cli.tasks import summarize as task
+
+    target, draft = task.load_pair(opts.replace(mode="exact"), progress=False)
+    tok, model = target.tokenizer, target.model
+    eos = task.eos_ids(tok, model)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
+    prompts = [task.left_pad([row], pad) for row in task.encode(tok, model, articles, opts.max_new_tokens, opts.truncate,
+                                                                   opts.max_input_tokens)]
+    assistant = getattr(draft, "model", None)  # a LoadedModel's model; None for a lookup draft
+    for m in (model, assistant):
+        if m is not None:  # as from_pretrained leaves them; with loading's requires_grad_(False), torch's matmul copies
+            m.requires_grad_(True)  # the whole output layer on transformers' sliced last rows (decoding/adapters.py)
+    variants = {"draft": {"assistant_model": assistant}, "prompt lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
+    records = []
+    for name in PEERS["hf-assisted"].variants:
+        if variants[name].get("assistant_model", True) is None:
+            continue
+
+        def run(ids, mask, new_tokens, kwargs=variants[name]) -> list[int]:
+            with torch.no_grad(), _quiet_transformers():  # assisted generation warns about its own internal call
+                out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
+                                     max_new_tokens=new_tokens, eos_token_id=sorted(eos), pad_token_id=pad, **kwargs)
+            new = out[0, ids.shape[1]:].tolist()
+            return next((new[: i + 1] for i, t in enumerate(new) if t in eos), new)  # through the first EOS, as specdec counts
+
+        run(*prompts[0], 2)  # untimed: first calls of each shape
+        best = None
+        for _ in range(repeat):
+            with PeakMemory(str(model.device)) as peak:
+                t0 = time.perf_counter()
+                outputs = [run(ids, mask, opts.max_new_tokens) for ids, mask in prompts]
+                wall = time.perf_counter() - t0
+            if best is None or wall < best[1]:
+                best = (outputs, wall, peak.mib)
+        outputs, wall, mib = best
+        texts = [task.summary_text(tok, tokens, eos) for tokens in outputs]
+        tokens = sum(len(t) for t in outputs)
+        records.append(TaskRecord(
+            task="summarize", gamma=0, mode=f"hf-assisted {name}", new_tokens=tokens, wall_s=wall,
+            tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
+            verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=mib,
+            quality=score_quality("summarize", texts, references) if references else {}, outputs=texts,
+            threads=threads, peer="hf-assisted"))
+        if progress:
+            progress(f"hf-assisted {name}")
+    return records
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' warnings off for the block (errors still shown)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)

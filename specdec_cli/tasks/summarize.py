@@ -184,11 +184,15 @@ def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Art
             backend=opts.backend, vocab_size=vocab, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
         )
         for article, tokens, reason in zip(articles[chunk], result.tokens, result.finish_reasons):
-            text = tok.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()
-            out.append(Summary(article.name, text, reason, result.stats))
+            out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, result.stats))
         if on_batch:
             on_batch(min(start + opts.batch_size, len(articles)), len(articles))
     return out
+
+
+def summary_text(tokenizer, tokens: list[int], eos: set[int]) -> str:
+    """A summary's text from its new tokens (EOS and special tokens dropped)."""
+    return tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()
 
 
 def load_draft(draft_spec: str, target: LoadedModel, progress: bool = True) -> LoadedModel:
