@@ -137,11 +137,11 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
     variants = {"draft": {"assistant_model": assistant}, "prompt lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     records = []
     for name in PEERS["hf-assisted"].variants:
-        if variants[name].get("assistant_model", True) is None:
+        if name == "draft" and assistant is None:
             continue
 
         def run(ids, mask, new_tokens, kwargs=variants[name]) -> list[int]:
-            with torch.no_grad(), _quiet_transformers():  # assisted generation warns about its own internal call
+            with torch.no_grad(), _no_transformers_warnings():  # assisted generation warns about its own internal call
                 out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
                                      max_new_tokens=new_tokens, eos_token_id=sorted(eos), pad_token_id=pad, **kwargs)
             new = out[0, ids.shape[1]:].tolist()
@@ -171,8 +171,9 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
-    """transformers' warnings off for the block (errors still shown)."""
+def _no_transformers_warnings():
+    """transformers' warnings off for the block, errors still shown (models.progress.quiet_transformers, its
+    twin, turns transformers' progress bars off instead: loading keeps its warnings)."""
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()

@@ -201,8 +201,8 @@ def run_peers(config, inputs: list, refs: list[str] | None, threads: int, progre
             continue
         if name == "hf-assisted":
             out += peers.hf_assisted_records(opts, inputs, refs, threads=threads, repeat=config.repeat, progress=progress)
-            continue
-        out += peers.faster_whisper_records(opts.target, [audio for _, audio in inputs], refs, threads=threads,
-                                            language=getattr(opts, "language", "auto"),
-                                            max_new_tokens=opts.max_new_tokens, repeat=config.repeat, progress=progress)
+        else:
+            out += peers.faster_whisper_records(opts.target, [audio for _, audio in inputs], refs, threads=threads,
+                                                language=getattr(opts, "language", "auto"),
+                                                max_new_tokens=opts.max_new_tokens, repeat=config.repeat, progress=progress)
     return out
