@@ -236,6 +236,40 @@ def test_auto_sees_acceptance_in_runs_and_early_stops():
     assert m.rate(schedule.best()) >= 0.97 * max(map(m.rate, range(GAMMA_MAX + 1)))
 
 
+def test_a_little_tried_position_borrows_the_rate_of_the_one_before_it():
+    """Acceptance in runs: the first draft token passes 60 % of the time, each later one 95 % of the time once
+    its predecessors passed. Rounds of γ 2 only: positions 3.. were never tried. Their pass rate is then
+    position 2's (≈ 0.95), not the pooled rate (≈ 0.69), which the first position dominates; so the expected
+    gain of a long round is not underrated (before: P(reach 6) ≈ 0.60 · 0.95 · 0.69⁴ ≈ 0.13 instead of ≈ 0.44)."""
+    schedule = Auto(GAMMA_MAX)
+    rng = random.Random(0)
+    for _ in range(300):
+        a = 0 if rng.random() >= 0.6 else 1 + (rng.random() < 0.95)
+        schedule.observe(Round(2, [a], draft_s=0.2, target_s=1.0, verify_s=0.01))
+    reach = schedule.estimates()["gained_through"]
+    assert reach[0] == pytest.approx(0.6, abs=0.06) and reach[1] / reach[0] == pytest.approx(0.95, abs=0.04)
+    for j in range(2, GAMMA_MAX):  # untried positions: each ≈ position 2's rate
+        assert reach[j] / reach[j - 1] == pytest.approx(reach[1] / reach[0], abs=0.02), reach
+
+
+def test_exploring_rounds_look_as_far_as_a_bounded_cost_allows():
+    """One speculative round in 8 asks for the largest γ whose expected rate is within 5 % of the best's (at
+    least best + 1). A draft that stops itself where unsure makes long rounds cost little more, so rates level
+    off and it looks up to --gamma; a draft that drafts every asked token makes them cost more, so it looks
+    only a little past the best."""
+    def settled(stop):
+        m = Machine(0.75, 0.25, 0.06, 0.01, alpha_run=0.9, stop=stop, jitter=0.0)
+        schedule = Auto(GAMMA_MAX)
+        m.run(schedule, tokens=3000)
+        rates = schedule.rates()
+        best = schedule.best()
+        return best, schedule.explore(best), rates
+    best, far, rates = settled(stop=0.3)
+    assert best < GAMMA_MAX and far == GAMMA_MAX, (best, rates)
+    best, near, rates = settled(stop=0.0)
+    assert best + 1 <= near < GAMMA_MAX and rates[near] >= 0.95 * rates[best] > rates[near + 1], (best, near, rates)
+
+
 def test_heuristic_and_constant_rules():
     h = Heuristic(2)
     for accepted, want in [([2], 4), ([4], 6), ([1], 5), ([0], 4)]:

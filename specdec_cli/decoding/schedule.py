@@ -18,11 +18,14 @@ The cost model of `auto` (after Leviathan et al. 2023, §3.4), for a round that 
 
 Q(j) is the chance that the draft proposes tokens 1..j and all are accepted, D(j) the chance that it proposes a
 j-th token at all (--draft-stop ends a round early where the draft is unsure). Both are measured position by
-position, as survival curves of decaying counts, each position starting from a prior of two tokens at the
-overall rate: with independent acceptance α and no draft-stop, Q(j) = α^j and E is Leviathan's
-(1 − α^(γ+1)) / (1 − α). Q is measured jointly, not as D(j) times an acceptance: the draft stops where it is
-unsure, which is where it would be rejected, so the product underrated long rounds (on the 74 s recording auto
-settled at γ 4–5 where γ 10 ran 11 % faster). Measured, the curves also see that acceptance comes in runs.
+position, as survival curves of decaying counts, each position starting from a prior of two tokens at the rate of
+the position before it (the first: the overall rate): with independent acceptance α and no draft-stop, Q(j) = α^j
+and E is Leviathan's (1 − α^(γ+1)) / (1 − α). Q is measured jointly, not as D(j) times an acceptance: the draft
+stops where it is unsure, which is where it would be rejected, so the product underrated long rounds (on the 74 s
+recording auto settled at γ 4–5 where γ 10 ran 11 % faster). Measured, the curves also see that acceptance comes
+in runs: a token that follows accepted ones is accepted more often than the first, so a little-tried deep position
+borrows the rate of the one before it, not the overall rate, which the first positions dominate (with the overall
+rate, auto ≤ 10 ran γ 1–2 on the seven example articles where constant 10 ran 6 % faster).
 t_draft is one draft step, t_target(k) the target's pass over k tokens: a plain step for k = 1 (a one-row
 matrix product may take another kernel), a line fitted to the recent passes for k ≥ 2; t_verify one
 verification. Times are running averages that clip a sample more than 1.5× above the estimate (another
@@ -30,7 +33,11 @@ process took the CPU). Whether to speculate at all is decided with Q half a stan
 where that beats plain steps by 2 %. While plain steps win, a speculative round is tried now and then (after 2
 plain steps, then 4, ... up to 256) to see whether the draft or the costs moved, or the first rounds were only
 unlucky (waiting 8 plain steps instead cost two replayed short summaries 5 %); while speculation wins, one round
-in 8 asks for about 1.5× the best γ, so that the passes and acceptance beyond it are measured, not guessed.
+in 8 asks for the largest γ expected to come within 5 % of the best γ's rate (at least one more than the best), so
+that the passes and acceptance beyond it are measured, not guessed, at a bounded cost: where the draft stops
+itself when unsure, rates level off and that is often --gamma; where every asked token is drafted, it is near the
+best. Replaying recorded rounds (summaries, the 74 s recording; draft-stop on; times with and without noise),
+these two rules took auto ≤ 10 from 0.93–1.00× of the best constant γ to 0.95–1.00×, and left auto ≤ 4 as it was.
 """
 
 from __future__ import annotations
@@ -150,13 +157,15 @@ class _Survival:
         return (sum(self.passed) + 1.0) / (sum(self.trials) + 2.0)
 
     def curve(self, n: int, lift: float = 0.0) -> list[float]:
-        """[P(reach 1), ..., P(reach n)]; lift: standard errors added to the pooled rate (the prior of every
-        position, and all a little-tried position has)."""
+        """[P(reach 1), ..., P(reach n)]. Position j's pass rate has a prior of `prior` trials at position j−1's
+        rate (position 1's: the pooled rate), so a little-tried position follows the last well-tried one.
+        lift: standard errors added to the pooled rate."""
         pooled = self.rate
-        pooled = min(1.0, pooled + lift * math.sqrt(pooled * (1.0 - pooled) / (sum(self.trials) + 2.0)))
+        rate = min(1.0, pooled + lift * math.sqrt(pooled * (1.0 - pooled) / (sum(self.trials) + 2.0)))
         out, s = [], 1.0
         for j in range(1, n + 1):
-            s *= (self.passed[j] + self.prior * pooled) / (self.trials[j] + self.prior)
+            rate = (self.passed[j] + self.prior * rate) / (self.trials[j] + self.prior)
+            s *= rate
             out.append(s)
         return out
 
@@ -173,7 +182,8 @@ class Auto:
     hope: float = 0.5  # standard errors added to acceptance when deciding whether to speculate at all
     margin: float = 0.02  # ... and by how much it must beat plain steps: their estimate is not refreshed
     #                      while speculating, so one ~10 % noisy sample can leave it a few % high for long
-    explore_every: int = 8  # one speculative round in this many asks for ~1.5× the best γ
+    explore_every: int = 8  # one speculative round in this many asks for the largest γ ...
+    explore_within: float = 0.95  # ... whose expected rate is at least this share of the best γ's
     name: str = "auto"
     draft_step: _Average = field(default_factory=_Average)
     verify: _Average = field(default_factory=_Average)
@@ -264,8 +274,15 @@ class Auto:
             self._probing = True
             return self.best(least=1)
         if best and self.rounds % self.explore_every == self.explore_every - 1:
-            return min(self.gamma_max, best + max(2, best // 2))  # see past the best γ now and then
+            return self.explore(best)
         return best
+
+    def explore(self, best: int) -> int:
+        """The γ of a round that looks past the best: the largest whose expected rate is within explore_within of
+        the best's, at least best + 1."""
+        rates = self.rates()
+        near = [g for g in range(best, self.gamma_max + 1) if rates[g] >= self.explore_within * rates[best]]
+        return max(near[-1], min(best + 1, self.gamma_max))
 
     def estimates(self) -> dict:
         """What the choice rests on, for --json and the bench: c = draft step / target step, the pass-cost
