@@ -691,6 +691,29 @@ def test_hf_assisted_peer_beside_specdec(tiny_llama, articles_dir, tmp_path):
     assert "hf-assisted prompt lookup" in r.output and "generation_config" not in r.output
 
 
+@pytest.mark.parametrize("draft, modes", [("lookup", ["hf-assisted prompt lookup"]),
+                                          ("lookup+self:2", ["hf-assisted draft", "hf-assisted prompt lookup"])])
+def test_hf_assisted_peer_with_a_lookup_draft(tiny_llama, articles_dir, tmp_path, draft, modes):
+    """--draft lookup has no model to assist transformers: only its prompt lookup runs, and the progress total
+    counts only that; lookup+DRAFT hands it DRAFT's model."""
+    tc = config.TaskConfig("summarize", [3], ["exact"], schedules=["constant"], peers=["hf-assisted"],
+                           options={"data": str(articles_dir), "target": tiny_llama, "draft": draft})
+    assert harness.total_steps(tc) == 2 + len(modes)  # autoregressive, exact γ 3, the peer's variants
+    saved = torch.get_num_threads()
+    try:
+        r = runner.invoke(app, task_args("summarize", tiny_llama, articles_dir, "--draft", draft, "--gamma", "3",
+                                         "--modes", "exact", "--max-new-tokens", "12", "--draft-vocab", "0",
+                                         "--gamma-schedule", "constant", "--peers", "hf-assisted",
+                                         "--out", tmp_path / "s.json"))
+    finally:
+        torch.set_num_threads(saved)
+    assert r.exit_code == 0, r.output
+    records = json.loads((tmp_path / "s.json").read_text())["results"]
+    ar = next(x for x in records if x["mode"] == "autoregressive")
+    hf = [x for x in records if x["peer"] == "hf-assisted"]
+    assert [x["mode"] for x in hf] == modes and all(x["outputs"] == ar["outputs"] for x in hf)
+
+
 @pytest.mark.parametrize("args, message", [(["--peers", "whisper.cpp"], "--peers"),
                                            (["--task", "summarize", "--peers", "faster-whisper"], "--task transcribe"),
                                            (["--task", "summarize", "--target-int8", "on"], "--target-int8"),

@@ -55,7 +55,7 @@ def total_steps(config: SyntheticConfig | TaskConfig) -> int:
         return len(grid(config))
     settings = runners.task_settings(config)
     targets = len({s.target for s in settings})  # autoregressive: once per (threads, target)
-    target = runners.task_options(config).target
-    peer_steps = sum(len(peers.PEERS[p].variants) for p in config.peers if peers.skipped(p, target) is None)
+    opts = runners.task_options(config)
+    peer_steps = sum(len(peers.variants(p, opts.draft)) for p in config.peers if peers.skipped(p, opts.target) is None)
     threads = len({s.threads for s in settings})
     return targets + len(settings) * len(config.schedules) * len(config.gammas) * len(config.modes) + threads * peer_steps

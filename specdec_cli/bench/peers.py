@@ -28,6 +28,8 @@ import torch
 
 from specdec_cli.bench.contenders import Progress, TaskRecord, score_quality
 from specdec_cli.bench.machine import PeakMemory
+from specdec_cli.drafts import spec
+from specdec_cli.drafts.lookup import parts as lookup_parts
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,14 @@ PEERS = {"faster-whisper": Peer("faster-whisper", "transcribe", "faster_whisper"
 PROMPT_LOOKUP_TOKENS = 10  # hf-assisted's n-gram lookup: the value transformers' documentation uses
 INSTALL = "pip install 'specdec[peers]'"
 WARMUP_SECONDS = 5  # the untimed first call: the first seconds of the first clip
+
+
+def variants(name: str, draft: str) -> tuple[str, ...]:
+    """The variants of peer `name` that run with --draft `draft`: hf-assisted's "draft" needs a draft model,
+    which --draft lookup alone does not have."""
+    if name == "hf-assisted" and spec.split_lookup(draft)[1] is None:
+        return tuple(v for v in PEERS[name].variants if v != "draft")
+    return PEERS[name].variants
 
 
 def skipped(name: str, target: str = "embedded") -> str | None:
@@ -121,7 +131,7 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
                         progress: Progress | None = None) -> list[TaskRecord]:
     """One TaskRecord per variant (PEERS["hf-assisted"]): transformers' generate() over every article, the fastest
     of `repeat` passes after an untimed two-token call; opts: the run's SummarizeOptions (target, draft, dtype,
-    device, max_new_tokens, truncation). The draft variant runs where the draft is a model (not `lookup`)."""
+    device, max_new_tokens, truncation). The draft variant runs where the draft has a model (`variants`)."""
     from specdec_cli.tasks import summarize as task
 
     target, draft = task.load_pair(opts.replace(mode="exact"), progress=False)
@@ -130,17 +140,17 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
     prompts = [task.left_pad([row], pad) for row in task.encode(tok, model, articles, opts.max_new_tokens, opts.truncate,
                                                                    opts.max_input_tokens)]
-    assistant = getattr(draft, "model", None)  # a LoadedModel's model; None for a lookup draft
+    model_draft = lookup_parts(draft)[1]  # None for --draft lookup; lookup+DRAFT: DRAFT's
+    assistant = None if model_draft is None else model_draft.model
     for m in (model, assistant):
         if m is not None:  # as from_pretrained leaves them; with loading's requires_grad_(False), torch's matmul copies
             m.requires_grad_(True)  # the whole output layer on transformers' sliced last rows (decoding/adapters.py)
-    variants = {"draft": {"assistant_model": assistant}, "prompt lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
+    generate_kwargs = {"draft": {"assistant_model": assistant},
+                       "prompt lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     records = []
-    for name in PEERS["hf-assisted"].variants:
-        if name == "draft" and assistant is None:
-            continue
+    for name in variants("hf-assisted", opts.draft):
 
-        def run(ids, mask, new_tokens, kwargs=variants[name]) -> list[int]:
+        def run(ids, mask, new_tokens, kwargs=generate_kwargs[name]) -> list[int]:
             with torch.no_grad(), _no_transformers_warnings():  # assisted generation warns about its own internal call
                 out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
                                      max_new_tokens=new_tokens, eos_token_id=sorted(eos), pad_token_id=pad, **kwargs)
