@@ -1,12 +1,17 @@
 """Verification kernels, each beside its torch reference. Imported as ``specdec_cli.kernels``.
 
+    contract.py   what every implementation returns (Verification), PAD, the error flags
+    reference.py  the accept/reject rule as plain loops: the specification
+    draw.py       the torch pieces the torch twins share: the inverse-CDF draw, the out_tokens layout
+    baseline.py   verification as transformers does it (the paper's baseline)
+    exact.py      the exact Triton kernels and their torch twin (the CPU path)
+    sigmoid.py    the sigmoid approximation: its torch twin (its Triton kernel is exact.py's with SIGMOID)
+    compile.py    every plan compiled for a GPU architecture, without a GPU
+
 Whether Triton kernels compile for a GPU or run under the interpreter is chosen when `specdec_cli`
 is imported (see its __init__): interpreter without a CUDA device.
 """
 
-import os
+from .contract import PAD, Verification, triton_backend_name
 
-
-def triton_backend_name() -> str:
-    """"triton" when kernels compile for a GPU, "triton-interpreter" when they run on the CPU."""
-    return "triton-interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "triton"
+__all__ = ["PAD", "Verification", "triton_backend_name"]

@@ -1,6 +1,7 @@
 """Verification the way Hugging Face transformers does it (`_speculative_sampling`), the paper's
-baseline: softmax of both models over the whole vocabulary, ratios of gathered probabilities, the
-normalised residual of the rejected row, and `torch.multinomial` for the draw.
+baseline: softmax over the whole vocabulary (the target's logits here; the draft's are probabilities
+already, softmaxed where it drew), ratios of gathered probabilities, the normalised residual of the
+rejected row, and `torch.multinomial` for the draw.
 
 Two differences from transformers, both needed to hold it against the other implementations: the
 acceptance uniforms are inputs (u[:, :γ]) instead of `torch.rand`, and the multinomial draw uses a
@@ -13,23 +14,27 @@ path would build.
 
 import torch
 
+from specdec_cli.errors import NonFiniteLogitsError
 
-def verify_baseline(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0, draft_logits=None):
+from .contract import PAD, Verification
+
+
+def verify_baseline(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                    uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
+                    beta: float = 1e4) -> Verification:
+    """draft_probs: the draft's distributions (transformers softmaxes the draft's logits first: bench's
+    synthetic baseline does that in its timed step), None for a deterministic draft."""
     B, gamma = draft_tokens.shape
     rows = torch.arange(B, device=draft_tokens.device)[:, None]  # [B, 1]
     cols = torch.arange(gamma, device=draft_tokens.device)[None, :]  # [1, γ]
-    # full softmax of both models, as transformers does
+    # the full softmax of the target, as transformers does
     V = target_logits.shape[-1]
-    if draft_logits is not None:
-        q = (draft_logits.float() / temperature).softmax(dim=-1)  # [B, γ, V]
-    elif draft_probs is None:
+    if draft_probs is None:
         q = torch.nn.functional.one_hot(draft_tokens, V).float()  # [B, γ, V]
     else:
         q = draft_probs.float()  # [B, γ, V]
     p = (target_logits.float() / temperature).softmax(dim=-1)  # [B, γ+1, V]
     if torch.isnan(p).any():
-        from specdec_cli.errors import NonFiniteLogitsError
-
         raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")
     p_i = p[rows, cols, draft_tokens]  # [B, γ]
     q_i = q[rows, cols, draft_tokens]  # [B, γ]
@@ -46,7 +51,7 @@ def verify_baseline(draft_tokens, draft_probs, target_logits, uniforms, temperat
     generator.manual_seed(int(uniforms[:, gamma].double().mean().item() * 2**52))  # mean: no overflow at any B
     t = torch.multinomial(p_prime, num_samples=1, generator=generator)[:, 0]  # [B]
 
-    out_tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)
-    out_tokens[:, :gamma] = torch.where(cols < n_matches[:, None], draft_tokens, -1)
+    out_tokens = torch.full((B, gamma + 1), PAD, dtype=torch.int64, device=draft_tokens.device)
+    out_tokens[:, :gamma] = torch.where(cols < n_matches[:, None], draft_tokens, PAD)
     out_tokens[rows[:, 0], n_matches] = t
-    return out_tokens, n_matches
+    return Verification(out_tokens, n_matches)

@@ -36,57 +36,11 @@ import triton.language as tl
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from . import triton_backend_name
+from .contract import ERRORS, PAD, Verification, triton_backend_name
+from .draw import assemble, draw_from_weights
 
 # ----------------------------------------------------------------------------------------------------
 # torch path (the CPU backend): same decisions as the reference
-
-
-def _first_rejection(accepted):
-    """accepted [B, γ] bool -> n [B]: the number of leading accepted positions."""
-    return accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
-
-
-DRAW_BLOCK = 1024
-
-
-def draw_from_weights(weights, u):
-    """weights [B, V] >= 0 (unnormalised), u [B] in (0, 1] -> [B]: the first token whose running sum
-    reaches u · Σ weights. Zero-weight tokens are never drawn (the running sum does not move there).
-    Two levels, as in the kernel: the block where the running sum crosses, then the token inside it."""
-    B, V = weights.shape
-    full = V - V % DRAW_BLOCK
-    block_sums = weights[:, :full].view(B, -1, DRAW_BLOCK).sum(dim=-1, dtype=torch.float64)  # [B, V // BLOCK]
-    if full < V:  # the last, partial block
-        tail = weights[:, full:].sum(dim=-1, keepdim=True, dtype=torch.float64)  # [B, 1]
-        block_sums = torch.cat([block_sums, tail], dim=1)  # [B, nb]
-    running = block_sums.cumsum(dim=-1)  # [B, nb]
-    total = running[:, -1]  # [B]
-    if not bool(((total > 0) & torch.isfinite(total)).all()):  # NaN, inf, negative or no weight: nothing to draw
-        raise NonFiniteLogitsError("the distribution to draw from has NaN or infinite weights, or none above zero")
-    threshold = u.double()[:, None] * running[:, -1:]  # [B, 1]
-    blocks = torch.searchsorted(running, threshold, side="left")[:, 0].tolist()  # [B] where it crosses
-    tokens = []
-    for b, k in enumerate(blocks):
-        w = weights[b, k * DRAW_BLOCK : (k + 1) * DRAW_BLOCK]  # [≤ BLOCK]
-        inside = w.double().cumsum(dim=0).add_(float(running[b, k] - block_sums[b, k]))  # [≤ BLOCK]
-        j = min(int(torch.searchsorted(inside, threshold[b])), len(w) - 1)
-        if not w[j] > 0:  # rounding left j on a zero weight: the last positive one before it, else the first
-            positive = (w > 0).nonzero()[:, 0]
-            before = positive[positive <= j]
-            j = int(before[-1] if len(before) else positive[0])
-        tokens.append(k * DRAW_BLOCK + j)
-    return torch.tensor(tokens, dtype=torch.int64, device=weights.device)
-
-
-def assemble(draft_tokens, n, token):
-    """out_tokens [B, γ+1]: the n accepted draft tokens, then `token`, then −1."""
-    B, gamma = draft_tokens.shape
-    out = torch.full((B, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)
-    cols = torch.arange(gamma, device=draft_tokens.device)[None, :]  # [1, γ]
-    out[:, :gamma] = torch.where(cols < n[:, None], draft_tokens, -1)
-    out.scatter_(1, n[:, None], token[:, None])
-    return out
 
 
 def row_lse(row, inv_t: float) -> float:
@@ -103,7 +57,9 @@ def row_lse(row, inv_t: float) -> float:
     return top * inv_t + math.log(float(x.exp_().sum()))
 
 
-def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
+def verify_exact_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                       uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
+                       beta: float = 1e4) -> Verification:
     """The CPU path: sequence by sequence, row by row, stopping at the first rejection. On a CPU a
     branch costs nothing and a row's log-sum-exp is nearly all of the work, so no row after a
     sequence's first rejection is read, and the rule's scalars are Python floats (as in the
@@ -138,8 +94,8 @@ def verify_exact_torch(draft_tokens, draft_probs, target_logits, uniforms, tempe
             torch.sub(p, draft_probs[b, c], out=weights[b]).clamp_(min=0.0)
         if c < gamma and float(weights[b].sum()) == 0:
             weights[b] = p  # p == q (all-zero residual): draw from p
-    n = torch.tensor(n, dtype=torch.int64, device=draft_tokens.device)
-    return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
+    num = torch.tensor(n, dtype=torch.int64, device=draft_tokens.device)
+    return Verification(assemble(draft_tokens, num, draw_from_weights(weights, uniforms[:, gamma])), num)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -328,7 +284,7 @@ def _draw_kernel(
     max_ptr,  # [B·(γ+1), SPLITS] fp32 from stage 1 (exact: a row whose max is −inf is all masked)
     row_bad_ptr,  # [B·(γ+1), SPLITS] int32 from stage 1
     draw_bad_ptr,  # [B, SPLITS] int32 from stage 2
-    out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then −1
+    out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then PAD
     error_ptr,  # [B] int32 out: 0, or ERR_NONFINITE | ERR_ALL_MASKED for what this sequence's rows held
     # sizes and strides
     gamma,
@@ -388,7 +344,7 @@ def _draw_kernel(
 
     c = tl.arange(0, GAMMA_P2)
     x = tl.load(tokens_ptr + b * stride_tb + c * stride_tc, mask=c < gamma, other=-1)
-    out = tl.where(c < n, x, tl.where(c == n, token, -1))
+    out = tl.where(c < n, x, tl.where(c == n, token, OUT_PAD))
     tl.store(out_ptr + b * (gamma + 1) + c, out, mask=c <= gamma)
 
     # what the caller must hear about, read when it chooses (no host synchronisation here)
@@ -405,9 +361,9 @@ def _draw_kernel(
     tl.store(error_ptr + b, error)
 
 
-ERR_NONFINITE: tl.constexpr = tl.constexpr(1)  # error bits of _draw_kernel
+OUT_PAD: tl.constexpr = tl.constexpr(PAD)  # out_tokens after the emitted ones
+ERR_NONFINITE: tl.constexpr = tl.constexpr(1)  # error bits of _draw_kernel (contract.ERRORS says them)
 ERR_ALL_MASKED: tl.constexpr = tl.constexpr(2)
-ERRORS = {1: "target logits contain NaN or +inf", 2: "target logits are all -inf in a row: every token is masked"}
 
 
 def _plan(V: int, rows: int, device: torch.device, interpreted: bool, sms: int | None = None):
@@ -481,14 +437,6 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     return out, n, error
 
 
-def raise_for(error) -> None:
-    """NonFiniteLogitsError for the error flags of a launch: one host synchronisation, when the caller
-    chooses to read them (the decoding loop reads them with the accepted counts it copies anyway)."""
-    bits = int(error.max()) if error.numel() else 0
-    if bits:
-        raise NonFiniteLogitsError(ERRORS[1] if bits & 1 else ERRORS[2])
-
-
 # The Triton verification as a torch custom op, so that torch.compile and CUDA graphs can hold it: the fake
 # implementation gives the shapes without running anything.
 @torch.library.custom_op("specdec::verify_triton", mutates_args=())
@@ -505,11 +453,9 @@ def _(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha,
     return new((B, gamma + 1)), new((B,)), new((B,), dtype=torch.int32)
 
 
-def verify_exact_triton(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0, check=True):
-    """(out_tokens, num_accepted), raising NonFiniteLogitsError when check; with check=False also the error
-    flags (a third element, read with raise_for when the caller chooses)."""
+def verify_exact_triton(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                        uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
+                        beta: float = 1e4) -> Verification:
+    """The Triton kernels; the error flags come back unread (Verification.checked or .accepted reads them)."""
     out, n, error = verify_triton_op(draft_tokens, draft_probs, target_logits, uniforms, temperature, False, 0.0, 1.0)
-    if not check:
-        return out, n, error
-    raise_for(error)
-    return out, n
+    return Verification(out, n, error, triton_backend_name())

@@ -22,6 +22,8 @@ import torch
 
 from specdec_cli.errors import NonFiniteLogitsError
 
+from .contract import PAD, Verification
+
 
 def softmax_row(logits: list[float], temperature: float) -> list[float]:
     """p(x) = exp(z(x)/T − logsumexp(z/T)); −inf logits (masked tokens) get probability 0."""
@@ -50,11 +52,13 @@ def draw_inverse_cdf(weights: list[float], u: float) -> int:
     return last_positive  # rounding left the threshold a hair above the total
 
 
-def verify_reference(draft_tokens, draft_probs, target_logits, uniforms, temperature: float = 1.0):
+def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                     uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
+                     beta: float = 1e4) -> Verification:
     """Shapes as in specdec_cli/decoding/verify.py; draft_probs None: one-hot at the draft tokens.
-    Returns (out_tokens [B, γ+1], num_accepted [B])."""
+    Returns out_tokens [B, γ+1] and num_accepted [B] (α, β: sigmoid's, not read here)."""
     B, gamma = draft_tokens.shape
-    out_tokens = torch.full((B, gamma + 1), -1, dtype=torch.int64)
+    out_tokens = torch.full((B, gamma + 1), PAD, dtype=torch.int64)
     num_accepted = torch.zeros(B, dtype=torch.int64)
     for b in range(B):
         u = uniforms[b].tolist()
@@ -74,10 +78,10 @@ def verify_reference(draft_tokens, draft_probs, target_logits, uniforms, tempera
             break
         num_accepted[b] = len(emitted) - 1
         out_tokens[b, : len(emitted)] = torch.tensor(emitted)
-    return out_tokens, num_accepted
+    return Verification(out_tokens, num_accepted)
 
 
-def verify_greedy(draft_tokens, target_logits):
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:
     """Temperature 0, the limit of the rule: accept while the draft token is the target's argmax,
     then emit the target's argmax. Shapes as above; ties go to the lowest token id (torch.argmax)."""
     B, gamma = draft_tokens.shape
@@ -85,5 +89,5 @@ def verify_greedy(draft_tokens, target_logits):
     matches = (draft_tokens == best[:, :gamma]).to(torch.int64)  # [B, γ]
     num_accepted = matches.cumprod(dim=1).sum(dim=1)  # [B] length of the agreeing prefix
     positions = torch.arange(gamma + 1, device=draft_tokens.device)  # [γ+1]
-    out_tokens = torch.where(positions[None, :] <= num_accepted[:, None], best, -1)
-    return out_tokens, num_accepted
+    out_tokens = torch.where(positions[None, :] <= num_accepted[:, None], best, PAD)
+    return Verification(out_tokens, num_accepted)

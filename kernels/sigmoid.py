@@ -18,7 +18,9 @@ import torch
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from .exact import _first_rejection, assemble, draw_from_weights, raise_for, verify_triton_op
+from .contract import Verification, triton_backend_name
+from .draw import assemble, draw_from_weights, first_rejection
+from .exact import verify_triton_op
 
 
 def sigmoid_probs(logits, temperature: float, alpha: float, beta: float):
@@ -35,7 +37,12 @@ def _check(logits):
         raise NonFiniteLogitsError("logits contain NaN or +inf")
 
 
-def verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4):
+def verify_sigmoid_torch(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None, target_logits: torch.Tensor,
+                         uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
+                         beta: float = 1e4) -> Verification:
+    """The CPU path. draft_logits: the draft's raw logits (a deterministic draft has none: refused)."""
+    if draft_logits is None:
+        raise ValueError("sigmoid verification needs the draft's logits")
     B, gamma = draft_tokens.shape
     zp_x = target_logits[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
     zq_x = draft_logits.gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
@@ -43,7 +50,7 @@ def verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, te
     _check(zq_x)
     p_x = sigmoid_probs(zp_x, temperature, alpha, beta)  # [B, γ]
     q_x = sigmoid_probs(zq_x, temperature, alpha, beta)  # [B, γ]
-    n = _first_rejection((q_x > 0) & (uniforms[:, :gamma] * q_x <= p_x))  # [B]
+    n = first_rejection((q_x > 0) & (uniforms[:, :gamma] * q_x <= p_x))  # [B]
 
     # the one row each sequence draws from: max(0, p̂ − q̂) after a rejection, p̂ for the bonus token
     weights = torch.empty(B, target_logits.shape[-1], dtype=torch.float32, device=target_logits.device)  # [B, V]
@@ -57,14 +64,14 @@ def verify_sigmoid_torch(draft_tokens, draft_logits, target_logits, uniforms, te
         q = sigmoid_probs(draft_logits[b, c], temperature, alpha, beta)  # [V]
         if float(torch.sub(p, q, out=weights[b]).clamp_(min=0.0).sum()) == 0:
             weights[b] = p  # p̂ == q̂: draw from p̂
-    return assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n
+    return Verification(assemble(draft_tokens, n, draw_from_weights(weights, uniforms[:, gamma])), n)
 
 
-def verify_sigmoid_triton(draft_tokens, draft_logits, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4,
-                          check=True):
-    """The Triton kernel (stages 2 and 3 of kernels/exact.py with SIGMOID); returns as verify_exact_triton."""
+def verify_sigmoid_triton(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None, target_logits: torch.Tensor,
+                          uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
+                          beta: float = 1e4) -> Verification:
+    """The Triton kernel (stages 2 and 3 of kernels/exact.py with SIGMOID); error flags unread, as exact's."""
+    if draft_logits is None:
+        raise ValueError("sigmoid verification needs the draft's logits")
     out, n, error = verify_triton_op(draft_tokens, draft_logits, target_logits, uniforms, temperature, True, alpha, beta)
-    if not check:
-        return out, n, error
-    raise_for(error)
-    return out, n
+    return Verification(out, n, error, triton_backend_name())

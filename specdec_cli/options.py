@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 from specdec_cli.errors import SpecdecError
 
-MODES = ("autoregressive", "baseline", "exact", "sigmoid")  # --mode
-SPECULATIVE_MODES = MODES[1:]  # the modes that need a draft
-VERIFY_MODES = ("reference", "baseline", "exact", "sigmoid")  # decoding.verify's implementations
+AUTOREGRESSIVE = "autoregressive"  # the target alone
+SPECULATIVE_MODES = ("baseline", "exact", "sigmoid")  # the verification modes a user picks (decoding/verify.py)
+MODES = (AUTOREGRESSIVE, *SPECULATIVE_MODES)  # --mode
+VERIFY_MODES = ("reference", *SPECULATIVE_MODES)  # decoding.verify.VERIFIERS: + the specification, for tests
 BACKENDS = ("auto", "torch", "triton")  # exact/sigmoid kernels: auto = Triton on CUDA, torch on a CPU
 GAMMA_SCHEDULES = ("auto", "constant", "heuristic")  # decoding/schedule.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bf16 on CUDA and on CPUs that have it in hardware
@@ -33,8 +34,6 @@ OUTPUT_FORMATS = ("txt", "srt", "vtt", "json", "tsv")  # transcribe --output-for
 TIMED_FORMATS = ("srt", "vtt", "tsv")  # formats made of timed segments: they turn --timestamps on
 MAX_GAMMA = 32  # γ above this never paid in any measurement, and the Triton kernels are planned up to it
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
-SIGMOID_NEEDS_LOGITS = ("--mode sigmoid needs a model draft's logits (σ of the draft logits); a deterministic draft "
-                        "such as lookup has none: use --mode exact")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -131,7 +130,7 @@ class DecodeOptions:
 
     @property
     def speculative(self) -> bool:
-        return self.mode != "autoregressive"
+        return self.mode != AUTOREGRESSIVE
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -156,14 +155,7 @@ class DecodeOptions:
             raise SpecdecError(f"--draft-vocab must be 0 (off) or a number of tokens (got {self.draft_vocab})")
         if not 0.0 <= self.draft_stop < 1.0:
             raise SpecdecError(f"--draft-stop must be in [0, 1) (got {self.draft_stop})")
-        if self.mode == "sigmoid" and self.uses_lookup:
-            raise SpecdecError(SIGMOID_NEEDS_LOGITS)
         return self
-
-    @property
-    def uses_lookup(self) -> bool:
-        """--draft lookup, lookup:N or lookup+DRAFT (drafts/spec.py)."""
-        return any(p.strip().lower().partition(":")[0] == "lookup" for p in self.draft.split("+"))
 
 
 # Summarize: the embedded Qwen2.5-Coder 1.5B target and 0.5B draft. γ = 4 with draft-stop 0.4 was the best
@@ -227,6 +219,7 @@ class TranscribeOptions(DecodeOptions):
     target_int8: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "language", (self.language or "auto").strip().lower())
         if self.output_format in TIMED_FORMATS:
             object.__setattr__(self, "timestamps", True)
 

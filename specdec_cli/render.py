@@ -56,6 +56,8 @@ def _fmt(v):
 
 
 def kernel_report(report) -> None:
+    from specdec_cli.decoding import VERIFIERS
+
     t = Table(title=f"verify-kernel --mode {report.mode}  ({report.backend}, {report.device})")
     t.add_column("check")
     t.add_column("result")
@@ -69,10 +71,10 @@ def kernel_report(report) -> None:
     for k, v in report.figures.items():
         f.add_row(k, _fmt(v))
     err.print(f)
-    if report.mode == "sigmoid":
+    if not VERIFIERS[report.mode].lossless:
         fig = report.figures
         err.print(
-            f"sigmoid moves the output: TV to the target {fig['tv_to_target']:.3f} "
+            f"{report.mode} moves the output: TV to the target {fig['tv_to_target']:.3f} "
             f"(exact: {fig['tv_exact_to_target']:.3f}, the draft alone: {fig['tv_draft_to_target']:.3f}); "
             f"acceptance rate {fig['acceptance_rate']:.3f} vs exact {fig['acceptance_rate_exact']:.3f}",
             highlight=False,

@@ -38,8 +38,11 @@ DEVICE = os.environ.get("SPECDEC_TEST_DEVICE") or ("cuda" if torch.cuda.is_avail
 
 def on_device(kernel):
     """`kernel` run on DEVICE: tensor arguments moved there, tensor results brought back to the CPU, so that
-    a test compares them with the reference wherever the kernel runs."""
+    a test compares them with the reference wherever the kernel runs. A Verification comes back with its error
+    flags read (Verification.checked: NonFiniteLogitsError when one is set)."""
     import functools
+
+    from specdec_cli.kernels import Verification
 
     def move(x, device):
         return x.to(device) if isinstance(x, torch.Tensor) else x
@@ -47,6 +50,9 @@ def on_device(kernel):
     @functools.wraps(kernel)
     def run(*args, **kwargs):
         out = kernel(*(move(a, DEVICE) for a in args), **{k: move(v, DEVICE) for k, v in kwargs.items()})
+        if isinstance(out, Verification):
+            out = out.checked()
+            return out._replace(out_tokens=move(out.out_tokens, "cpu"), num_accepted=move(out.num_accepted, "cpu"))
         return tuple(move(o, "cpu") for o in out) if isinstance(out, tuple) else move(out, "cpu")
 
     return run

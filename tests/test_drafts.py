@@ -17,7 +17,7 @@ from specdec_cli.tasks.summarize import load_draft
 
 def test_self_draft_shares_weights_and_equals_a_truncated_forward(tiny_target):
     target = tiny_target
-    draft = load_draft("self:2", target)
+    draft = load_draft("self:2", target).loaded  # the LoadedModel the causal draft runs
     assert draft.source == "self" and len(draft.model.model.layers) == 2
     assert draft.tokenizer is target.tokenizer
     # no parameter of its own: every one is a target parameter, same storage

@@ -7,8 +7,8 @@ import torch
 
 from conftest import GREEDY, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair, sample_many
 from specdec_cli.decoding import SamplingParams, generate
-from specdec_cli.decoding.drafter import as_drafter
-from specdec_cli.drafts.lookup import Lookup, LookupThenModel, continuation
+from specdec_cli.decoding import as_draft
+from specdec_cli.drafts.lookup import Lookup, LookupThen, continuation
 
 
 @pytest.mark.parametrize("context, longest, k, want", [
@@ -63,7 +63,7 @@ REPEATING = [[3, 14, 15, 9, 26, 5, 3, 14, 15, 9], [7, 1, 7, 1, 7], [20, 8, 8, 19
 def test_greedy_lookup_equals_autoregressive(pair, drafter):
     target, draft = pair
     make = {"lookup": Lookup, "lookup:2": lambda: Lookup(2, 2),
-            "lookup+model": lambda: LookupThenModel(Lookup(), as_drafter(draft))}[drafter]
+            "lookup+model": lambda: LookupThen(Lookup(), as_draft(draft))}[drafter]
     for schedule in ("constant", "auto"):
         for prompt in REPEATING:
             ids = torch.tensor([prompt])

@@ -59,8 +59,8 @@ def test_self_spec_is_not_a_target():
 def test_same_vocabulary_is_accepted_and_padded_rows_reconciled(tmp_path, tiny_target):
     save_tiny(tmp_path / "padded", "qwen2", vocab=1024, layers=2)  # lm_head padded past the tokenizer
     draft = load_draft(str(tmp_path / "padded"), tiny_target, progress=False)
-    assert draft.output_size == 1024 and tiny_target.output_size == 1000
-    assert check_compatible(tiny_target, draft) == 1000
+    assert draft.loaded.output_size == 1024 and tiny_target.output_size == 1000
+    assert check_compatible(tiny_target, draft.loaded) == draft.vocab == 1000
 
 
 def test_vocabulary_mismatch_is_refused(tmp_path, tiny_target):

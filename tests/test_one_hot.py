@@ -48,7 +48,7 @@ def test_one_hot_low_precision_logits_and_temperature(dtype):
 def test_baseline_decides_like_reference_with_one_hot():
     # baseline draws with torch.multinomial: the same decisions, the drawn token from the same distribution
     tokens, target, u = one_hot_case(16, 4, 500, seed=3)
-    _, n_ref = verify_reference(tokens, None, target, u)
+    _, n_ref, *_ = verify_reference(tokens, None, target, u)
     assert torch.equal(verify("baseline", tokens, None, target, u).num_accepted, n_ref)
 
 
@@ -58,7 +58,7 @@ def test_a_draft_token_the_target_never_emits_is_rejected(impl):
     target = target.clone()
     target[:, 0].scatter_(-1, tokens[:, :1], float("-inf"))  # p(x) = 0 at the first position
     u = torch.full((4, 4), 1e-9)  # the smallest uniforms accept anything that can be accepted
-    out, n = IMPLS[impl](tokens, None, target, u)
+    out, n, *_ = IMPLS[impl](tokens, None, target, u)
     assert (n == 0).all() and (out[:, 0] != tokens[:, 0]).all()
 
 
@@ -68,7 +68,7 @@ def test_a_one_hot_target_at_the_draft_token_always_accepts(impl):
     target = torch.full_like(target, float("-inf"))
     target.scatter_(-1, torch.cat([tokens, tokens[:, :1]], 1)[..., None], 0.0)  # p one-hot at x (and at the bonus)
     u = torch.ones(3, 5)  # the largest uniforms reject anything that can be rejected
-    out, n = IMPLS[impl](tokens, None, target, u)
+    out, n, *_ = IMPLS[impl](tokens, None, target, u)
     assert (n == 4).all() and torch.equal(out[:, :4], tokens) and torch.equal(out[:, 4], tokens[:, 0])
 
 

@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.decoding.drafter import Drafter, Proposal
+from specdec_cli.decoding import Proposal
+from specdec_cli.drafts.lookup import Lookup
 from conftest import GREEDY, tiny_config, word_tokenizer
 
 runner = CliRunner()
@@ -224,18 +225,18 @@ def test_exact_rows_give_a_pass_the_bits_of_steps(smollm2):
         assert not bad, f"k={k}: rows {bad} of the pass differ from their steps"
 
 
-class _Oracle(Drafter):
-    """A draft that knows the output: each round proposes the next γ tokens of `tokens` (the continuation of a
-    prompt of T tokens), so greedy verification scores them, and the rows after them, in one pass."""
+class _Oracle(Lookup):
+    """A deterministic draft that knows the output: each round proposes the next γ tokens of `tokens` (the
+    continuation of a prompt of T tokens), so greedy verification scores them, and the rows after them, in one
+    pass."""
 
     def __init__(self, T, tokens):
+        super().__init__()
         self.T, self.tokens = T, list(tokens)
 
-    def propose(self, slots, gamma, params, generator, vocab, *, keep_logits=False, stop_below=0.0):
+    def propose(self, slots, gamma, settings):
         done = slots.length - self.T  # tokens emitted so far (the last is the pending slot)
         out = torch.tensor([self.tokens[done : done + gamma]], dtype=torch.int64).reshape(1, -1)  # [1, ≤ γ]
-        for i in range(out.shape[1]):
-            slots.append(out[:, i])
         return Proposal(out, None)
 
 

@@ -1,4 +1,4 @@
-"""Timestamps: Whisper's timestamp rules (tasks.whisper_scoring.TimestampRules) against transformers'
+"""Timestamps: Whisper's timestamp rules (tasks.whisper_rules.TimestampRules) against transformers'
 WhisperTimeStampLogitsProcessor, and the segments read from timestamp tokens."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from specdec_cli.errors import SpecdecError
 from specdec_cli.models.whisper import load_whisper, prompt_ids, special_ids
 from specdec_cli.tasks import transcribe as T
 from specdec_cli.tasks.audio import SAMPLE_RATE, AudioWindow, librivox_clips, load_audio
-from specdec_cli.tasks.whisper_scoring import ExactScorer, Suppressor, TimestampRules, WindowDecoder, cross_kv
+from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
+from specdec_cli.tasks.whisper_rules import Suppressor, TimestampRules
 
 # a small vocabulary laid out as Whisper's: text below EOT, specials, <|notimestamps|>, then the times
 EOT, NO_TS, BEGIN, V, PROMPT, MAX_INITIAL = 40, 47, 48, 72, 3, 5

@@ -29,7 +29,7 @@ from specdec_cli.models.whisper import (check_language_task, cross_attention_dty
 from specdec_cli.tasks import transcribe as T
 from specdec_cli.tasks.audio import SAMPLE_RATE, librivox_clips, load_audio
 from specdec_cli.models.exact_rows import RowLinear, row_linear
-from specdec_cli.tasks.whisper_scoring import ExactScorer, WindowDecoder, cross_kv
+from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
 
 runner = CliRunner()
 DATA = Path("/usr/share/pocketsphinx/test/data")
@@ -93,7 +93,7 @@ def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, in
     whisper = tiny.model
     encoded = torch.randn(B, 1500, whisper.config.d_model, dtype=dtype)
     kv = cross_kv(whisper.model.decoder.layers, encoded)
-    draft = T.load_draft(draft_spec, tiny, draft_vocab=head_size or 0, draft_quantized=int4).window(kv)
+    draft = T.load_draft(draft_spec, tiny, draft_vocab=head_size or 0, draft_quantized=int4).lean.window(kv)
     draft.dummy = None  # never abstain: every step's logits are compared
     model = whisper
     if draft.layer_ids != tuple(range(len(whisper.model.decoder.layers))):  # transformers' decoder cut the same way

@@ -228,9 +228,9 @@ def loop(run: Run) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM, WhisperConfig, WhisperForConditionalGeneration
 
     from specdec_cli.drafts.layers import self_draft
-    from specdec_cli.drafts.lean_whisper import LeanDraft
+    from specdec_cli.drafts.lean_whisper import LeanDecoder
     from specdec_cli.models import LoadedModel
-    from specdec_cli.tasks.whisper_scoring import ExactScorer, WindowDecoder, cross_kv
+    from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
 
     dtype = torch.bfloat16 if run.device == "cuda" else torch.float32
     torch.manual_seed(0)
@@ -260,7 +260,7 @@ def loop(run: Run) -> dict:
     encoded = torch.randn(1, whisper.max_source_positions, whisper.d_model, device=run.device, dtype=dtype)
     with torch.inference_mode():
         kv = cross_kv(model.model.decoder.layers, encoded)
-    lean = LeanDraft(model, range(whisper.decoder_layers), None, int4=False).window(kv)
+    lean = LeanDecoder(model, range(whisper.decoder_layers), None, int4=False).window(kv)
     prompt = torch.tensor([[1, 2, 3]], device=run.device)
 
     def scorer(mode):  # the target as transcribe runs it: ExactScorer when speculating

@@ -18,10 +18,11 @@ from specdec_cli import options
 from specdec_cli.bench.cases import case_bytes, make_case
 from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.bench.machine import check_memory
+from specdec_cli.decoding.verify import LOGITS, VERIFIERS
 from specdec_cli.kernels import compile as compile_plans
-from specdec_cli.kernels import exact, reference, sigmoid, triton_backend_name
+from specdec_cli.kernels import reference, triton_backend_name
 
-MODES = ("exact", "sigmoid")
+MODES = tuple(name for name, v in VERIFIERS.items() if v.triton is not None)  # the modes with a Triton kernel
 
 DIST_VOCAB = 8  # the distribution test draws over a small vocabulary, so every token is seen often
 P_VALUE_MIN = 1e-3
@@ -93,7 +94,7 @@ def _distribution_draws(fn, p, q, samples, gamma, seed, device):
         draft = q.expand(n, gamma, V).contiguous().to(device)  # [n, γ, V]
         tokens = torch.multinomial(q, n * gamma, replacement=True, generator=g).reshape(n, gamma).to(device)
         u = (1 - torch.rand(n, gamma + 1, generator=g)).to(device)  # [n, γ+1]
-        out, k = fn(tokens, draft, target, u)
+        out, k, _, _ = fn(tokens, draft, target, u).checked()
         counts += torch.bincount(out[:, 0].cpu(), minlength=V).double()
         accepted.append(k.cpu())
     return counts, torch.cat(accepted)
@@ -115,69 +116,86 @@ REFERENCE_LIMIT = 2_000_000  # B·(γ+1)·V above this: the plain-loop reference
 
 def run(mode, *, vocab=32000, gamma=5, batch=4, samples=100_000, alpha=-1e4, beta=1e4, device="cpu", seed=0, cases=8,
         dtype=torch.float32, progress=None):
-    """Run every check of `mode` ("exact" | "sigmoid") on logits of `dtype` and return the report. Cases larger
-    than REFERENCE_LIMIT are held against the torch path (equal to the reference decision for decision, which
-    the test suite checks on cases the reference can run) instead of the plain-loop reference."""
+    """Run every check of `mode` (one of MODES) on logits of `dtype` and return the report: its Triton kernel
+    against the specification decision for decision (a lossless mode: the plain-loop reference, or its torch
+    path for cases larger than REFERENCE_LIMIT, which the test suite holds against the reference; a lossy one:
+    its torch twin), then the distribution of what it emits."""
     validate(mode, vocab, gamma, batch, samples, alpha, beta, cases)
-    kernel_backend = triton_backend_name()
-    report = KernelReport(mode, kernel_backend, str(device), vocab, gamma, batch, samples)
+    report = KernelReport(mode, triton_backend_name(), str(device), vocab, gamma, batch, samples)
     step = progress or (lambda _msg: None)
-    large = batch * (gamma + 1) * vocab > REFERENCE_LIMIT
+    verifier = VERIFIERS[mode]
+    exact_rate = _decisions(report, verifier, cases, alpha, beta, device, seed, dtype, step)
+    step(f"distribution test: {samples} draws")
+    _distribution(report, verifier, samples, alpha, beta, device, seed)
+    if exact_rate is not None:
+        report.figures["acceptance_rate_exact"] = exact_rate
+    return report
 
-    # 1. decisions, case by case: the Triton kernel (and the torch path) against the specification
+
+def _draft_input(verifier, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    return logits if verifier.reads == LOGITS else probs
+
+
+def _decisions(report: KernelReport, verifier, cases: int, alpha, beta, device, seed, dtype, step) -> float | None:
+    """Random cases, decision for decision: the Triton kernel (and a lossless mode's torch path) against the
+    specification. Adds the checks and the acceptance figures to the report. -> a lossy mode's exact
+    acceptance rate on the same cases, else None."""
+    batch, gamma, vocab = report.batch, report.gamma, report.vocab
+    large = batch * (gamma + 1) * vocab > REFERENCE_LIMIT
     mismatches, torch_mismatches, accepted = [], [], {"kernel": 0.0, "exact": 0.0}
     for i in range(cases):
         step(f"random case {i + 1}/{cases}")
         tokens, probs, target, u, draft_logits = _case(batch, gamma, vocab, seed + i, device, dtype)
-        if mode == "exact":
-            cpu = (tokens.cpu(), probs.cpu(), target.cpu(), u.cpu())
-            mine = exact.verify_exact_torch(*cpu)
-            expected = mine if large else reference.verify_reference(*cpu)
-            got = exact.verify_exact_triton(tokens, probs, target, u)
+        draft = _draft_input(verifier, probs, draft_logits)
+        cpu = (tokens.cpu(), draft.cpu(), target.cpu(), u.cpu(), 1.0, alpha, beta)
+        mine = verifier.torch(*cpu)
+        expected = mine if large or not verifier.lossless else reference.verify_reference(*cpu)
+        got = verifier.triton(tokens, draft, target, u, 1.0, alpha, beta).checked()
+        if verifier.lossless:
             torch_mismatches.append(_first_mismatch(expected, mine))
-        else:
-            args = (tokens.cpu(), draft_logits.cpu(), target.cpu(), u.cpu(), 1.0, alpha, beta)
-            expected = sigmoid.verify_sigmoid_torch(*args)
-            got = sigmoid.verify_sigmoid_triton(tokens, draft_logits, target, u, 1.0, alpha, beta)
-            accepted["exact"] += exact.verify_exact_torch(tokens.cpu(), probs.cpu(), target.cpu(), u.cpu())[1].float().mean().item()
-        accepted["kernel"] += got[1].float().mean().item()
+        else:  # how its acceptance differs from exact's on the same cases
+            exact_cpu = (tokens.cpu(), probs.cpu(), target.cpu(), u.cpu())
+            accepted["exact"] += VERIFIERS["exact"].torch(*exact_cpu).num_accepted.float().mean().item()
+        accepted["kernel"] += got.num_accepted.float().mean().item()
         mismatches.append(_first_mismatch(expected, got))
-    spec = ("torch path" if large else "reference") if mode == "exact" else "sigmoid torch reference"
+    spec = ("torch path" if large else "reference") if verifier.lossless else f"{verifier.name} torch reference"
     bad = [m for m in mismatches if m]
-    report.checks.append(Check(f"{mode} kernel = {spec}", not bad, f"{cases - len(bad)}/{cases} cases identical" + (f"; {bad[0]}" if bad else "")))
-    if mode == "exact" and not large:
+    report.checks.append(Check(f"{verifier.name} kernel = {spec}", not bad, f"{cases - len(bad)}/{cases} cases identical" + (f"; {bad[0]}" if bad else "")))
+    if verifier.lossless and not large:
         bad_torch = [m for m in torch_mismatches if m]
-        report.checks.append(Check("exact torch path = reference", not bad_torch, f"{cases - len(bad_torch)}/{cases} cases identical" + (f"; {bad_torch[0]}" if bad_torch else "")))
+        report.checks.append(Check(f"{verifier.name} torch path = reference", not bad_torch, f"{cases - len(bad_torch)}/{cases} cases identical" + (f"; {bad_torch[0]}" if bad_torch else "")))
     report.figures["mean_accepted_per_step"] = accepted["kernel"] / cases
     report.figures["acceptance_rate"] = accepted["kernel"] / cases / gamma
+    return None if verifier.lossless else accepted["exact"] / cases / gamma
 
-    # 2. distribution of the emitted token over `samples` draws on a small vocabulary. On CUDA the
-    # compiled kernel draws them; on a CPU the interpreter (~25 ms a sequence) would take hours, so the
-    # torch path draws them: it was just shown to make the kernel's decisions.
+
+def _distribution(report: KernelReport, verifier, samples: int, alpha, beta, device, seed) -> None:
+    """The first emitted token over `samples` draws on a small vocabulary: a lossless mode must follow the
+    target (chi-square), a lossy one's distance to it is measured. On CUDA the compiled kernel draws them; on
+    a CPU the interpreter (~25 ms a sequence) would take hours, so the torch path draws them: it was just
+    shown to make the kernel's decisions."""
     on_gpu = torch.device(device).type == "cuda"
-    step(f"distribution test: {samples} draws")
+    gamma = report.gamma
     p, q = _small_pair(seed)
-    if mode == "exact":
-        fn = exact.verify_exact_triton if on_gpu else exact.verify_exact_torch
-        counts, _ = _distribution_draws(fn, p, q, samples, gamma, seed, device)
-        tv = _tv(counts, p)
+    fn = verifier.triton if on_gpu else verifier.torch
+    as_input = (lambda d: torch.log(d)) if verifier.reads == LOGITS else (lambda d: d)  # logits of q: log q
+    counts, n = _distribution_draws(lambda t, d, z, u: fn(t, as_input(d), z, u, 1.0, alpha, beta), p, q, samples,
+                                    gamma, seed, device)
+    tv = _tv(counts, p)
+    if verifier.lossless:
         pvalue = chi_square_p(counts, p.double() * samples)
         drawn_by = "Triton kernel" if on_gpu else "torch path"
         report.checks.append(Check("output ~ target distribution", pvalue > P_VALUE_MIN, f"{samples} draws by the {drawn_by}, V={DIST_VOCAB}: TV {tv:.4f}, chi-square p = {pvalue:.3g} (pass: p > {P_VALUE_MIN})"))
         report.figures.update(tv_to_target=tv, chi_square_p=pvalue, distribution_drawn_by=drawn_by)
-    else:
-        sig = sigmoid.verify_sigmoid_triton if on_gpu else sigmoid.verify_sigmoid_torch
-        counts, n_sig = _distribution_draws(lambda t, d, z, u: sig(t, torch.log(d), z, u, 1.0, alpha, beta), p, q, samples, gamma, seed, device)
-        exact_counts, n_exact = _distribution_draws(exact.verify_exact_torch, p, q, samples, gamma, seed, "cpu")
-        report.figures.update(
-            tv_to_target=_tv(counts, p),
-            tv_exact_to_target=_tv(exact_counts, p),
-            tv_draft_to_target=0.5 * (q - p).abs().sum().item(),
-            acceptance_rate_small_vocab=n_sig.float().mean().item() / gamma,
-            acceptance_rate_exact_small_vocab=n_exact.float().mean().item() / gamma,
-            acceptance_rate_exact=accepted["exact"] / cases / gamma,
-        )
-    return report
+        return
+    exact_counts, n_exact = _distribution_draws(VERIFIERS["exact"].torch, p, q, samples, gamma, seed, "cpu")
+    report.figures.update(
+        tv_to_target=tv,
+        tv_exact_to_target=_tv(exact_counts, p),
+        tv_draft_to_target=0.5 * (q - p).abs().sum().item(),
+        acceptance_rate_small_vocab=n.float().mean().item() / gamma,
+        acceptance_rate_exact_small_vocab=n_exact.float().mean().item() / gamma,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ import torch
 
 from specdec_cli.bench.contenders import Progress, TaskRecord, score_quality
 from specdec_cli.bench.machine import PeakMemory
-from specdec_cli.drafts import spec
-from specdec_cli.drafts.lookup import parts as lookup_parts
+from specdec_cli.drafts import model_draft, spec
+from specdec_cli.models.causal_lm import eos_ids
 
 
 @dataclass(frozen=True)
@@ -136,12 +136,12 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
 
     target, draft = task.load_pair(opts.replace(mode="exact"), progress=False)
     tok, model = target.tokenizer, target.model
-    eos = task.eos_ids(tok, model)
+    eos = eos_ids(target)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
     prompts = [task.left_pad([row], pad) for row in task.encode(tok, model, articles, opts.max_new_tokens, opts.truncate,
                                                                    opts.max_input_tokens)]
-    model_draft = lookup_parts(draft)[1]  # None for --draft lookup; lookup+DRAFT: DRAFT's
-    assistant = None if model_draft is None else model_draft.model
+    runs = model_draft(draft)  # None for --draft lookup; lookup+DRAFT: DRAFT's
+    assistant = None if runs is None else runs.model
     for m in (model, assistant):
         if m is not None:  # as from_pretrained leaves them; with loading's requires_grad_(False), torch's matmul copies
             m.requires_grad_(True)  # the whole output layer on transformers' sliced last rows (decoding/adapters.py)

@@ -18,7 +18,7 @@ from specdec_cli import internals
 from specdec_cli.bench.cases import describe, make_case
 from specdec_cli.bench.machine import cpu_clock, others_cpu
 from specdec_cli.bench.timing import measure_side_by_side
-from specdec_cli.decoding.verify import verify
+from specdec_cli.decoding.verify import LOGITS, VERIFIERS, verify
 from specdec_cli.kernels import triton_backend_name
 
 WARMUP = 5
@@ -140,13 +140,16 @@ def _providers(modes, case, pool, config, sink: dict[str, list]) -> dict[str, Ca
 
     def step_verify(mode):
         calls = sink[mode]
-        # baseline takes the draft logits: transformers softmaxes both models' logits itself
-        kwargs = dict(draft_logits=logits, alpha=config.alpha, beta=config.beta)
-        if mode != "baseline":
-            kwargs["backend"] = config.kernel_backend()
+        verifier = VERIFIERS[mode]
+        kwargs = dict(alpha=config.alpha, beta=config.beta, backend=config.kernel_backend())
+
+        def draft():  # baseline, as transformers does, softmaxes the draft's logits in its step
+            if verifier.reads == LOGITS:
+                return logits
+            return torch.softmax(logits.float(), dim=-1) if mode == "baseline" else probs
 
         def step():
-            out = verify(mode, tokens, probs, target, pool[len(calls) % len(pool)], **kwargs)
+            out = verify(mode, tokens, draft(), target, pool[len(calls) % len(pool)], **kwargs).checked()
             calls.append(out.num_accepted)
             return out.out_tokens
 

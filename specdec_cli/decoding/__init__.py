@@ -1,21 +1,27 @@
-"""The decoding loop and what it needs: the loop's stages, the model adapter, the stats, sampling, and the
-one entry point to verification.
+"""The decoding loop and what it needs: the loop's stages, the model adapter, what a draft is to the loop, the
+stats, sampling, and the verification registry.
 
     loop.py      generate(): prefill → draft γ → score γ+1 → verify → crop caches → adapt γ
+    slots.py     Slots: the slot grid both models share (drafts read it, the loop alone changes it)
+    draft.py     Draft (the protocol every draft kind follows), Batch, DraftSettings, Proposal, ModelDraft
     adapters.py  Decoder, Seq2SeqDecoder: how a model with a KV cache enters the loop
     schedule.py  the γ schedules: constant, heuristic, auto (γ from measured costs and acceptance)
     stats.py     GenerationStats, GenerationResult, merge_stats
     sampling.py  temperature, top-k, top-p; inverse-CDF sampling with caller-supplied uniforms
-    verify.py    the verification contract and verify(mode, ...): the kernels behind one call
+    verify.py    the verification contract and VERIFIERS: one entry per mode, the kernels behind it
 
 Imports run downward only: decoding uses kernels, never models, drafts, tasks, bench or the CLI.
 """
 
 from specdec_cli.decoding.adapters import Decoder, LogitsHook, Seq2SeqDecoder, as_decoder
+from specdec_cli.decoding.draft import Batch, Draft, DraftSettings, ModelDraft, Proposal, as_draft
 from specdec_cli.decoding.loop import generate
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.decoding.schedule import make as make_schedule
+from specdec_cli.decoding.slots import Slots
 from specdec_cli.decoding.stats import GenerationResult, GenerationStats, merge_stats
+from specdec_cli.decoding.verify import VERIFIERS, Verifier
 
-__all__ = ["Decoder", "GenerationResult", "GenerationStats", "LogitsHook", "SamplingParams", "Seq2SeqDecoder",
-           "as_decoder", "generate", "make_schedule", "merge_stats"]
+__all__ = ["VERIFIERS", "Batch", "Decoder", "Draft", "DraftSettings", "GenerationResult", "GenerationStats",
+           "LogitsHook", "ModelDraft", "Proposal", "SamplingParams", "Seq2SeqDecoder", "Slots", "Verifier",
+           "as_decoder", "as_draft", "generate", "make_schedule", "merge_stats"]

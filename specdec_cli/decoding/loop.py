@@ -4,109 +4,36 @@
     positions with the target in one pass -> verify -> crop both caches to the accepted length } until EOS
     or max_new_tokens. A round of γ = 0 is one plain step of the target alone.
 
-Layout. All rows of a batch share one grid of cache *slots*. Slot s of row b holds a token, a validity
-bit and a position id. Prompts are left-padded (pad slots invalid). Each round every row uses the same
-γ+1 new slots; a row that accepted fewer draft tokens than the longest row keeps its rejected slots
-in the cache, marked invalid (attention mask 0), and position ids count only valid slots, so every
-row sees exactly its own contiguous sequence. The caches are cropped to the longest row.
+Both models share one grid of cache slots (slots.py). Between rounds the last slot (`pending`) holds each row's
+newest token, which neither cache has seen yet; the target cache holds every slot before it; the draft cache
+may lag behind (it never sees its own last draft token when all are accepted) and is fed the missing slots next
+round. The caches are cropped to the longest row.
 
-Invariant between rounds: the last slot (`pending`) holds each row's newest token, which neither cache
-has seen yet; the target cache holds every slot before it; the draft cache may lag behind (it never
-sees its own last draft token when all are accepted) and is fed the missing slots next round.
-
-A model enters through a `Decoder` (adapters.py), a draft through a `Drafter` (drafter.py: a draft model, or
-a draft without one such as prompt lookup); the accept/reject rule is kernels/reference.py's, reached through
-verify.py.
+A model enters through a `Decoder` (adapters.py), a draft through the `Draft` protocol (draft.py), a
+verification mode through its `Verifier` (verify.py); the accept/reject rule is kernels/reference.py's.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
 from specdec_cli import options
-from specdec_cli.decoding import verify as verification
-from specdec_cli.decoding.adapters import Decoder, as_decoder
-from specdec_cli.decoding.drafter import Drafter, Proposal, as_drafter, fit_vocab
 from specdec_cli.decoding import schedule as schedules
+from specdec_cli.decoding.adapters import Decoder, as_decoder
+from specdec_cli.decoding.draft import Draft, DraftSettings, Proposal, as_draft, fit_vocab
 from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
 from specdec_cli.decoding.schedule import Round
+from specdec_cli.decoding.slots import Slots
 from specdec_cli.decoding.stats import GenerationResult, GenerationStats
+from specdec_cli.decoding.verify import VERIFIERS, LOGITS, Verifier, verify_greedy
 from specdec_cli.errors import SpecdecError
+from specdec_cli.kernels import Verification
 
-MODES = ("autoregressive", *options.VERIFY_MODES)  # generate() also runs the reference, for tests
-
-
-# ----------------------------------------------------------------------------------------------------
-# The slot grid shared by both models
-
-
-class _Slots:
-    """tokens, validity and positions of every slot, for the rows still decoding."""
-
-    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, device):
-        rows = _left_padded_rows(input_ids, attention_mask)
-        B, T = len(rows), max(len(r) for r in rows)
-        capacity = T + 64
-        self.tokens = torch.zeros(B, capacity, dtype=torch.int64)  # [B, S]
-        self.valid = torch.zeros(B, capacity, dtype=torch.bool)  # [B, S]
-        for b, r in enumerate(rows):
-            self.tokens[b, T - len(r) : T] = torch.tensor(r)
-            self.valid[b, T - len(r) : T] = True
-        self.positions = (self.valid.long().cumsum(1) - 1).clamp_min(0)  # [B, S] valid slots before
-        self.tokens, self.valid, self.positions = (
-            t.to(device) for t in (self.tokens, self.valid, self.positions)
-        )
-        self.length = T  # slots in use; the last one is `pending`
-        self.has_holes = any(len(r) < T for r in rows)  # False: mask all ones, may pass None
-
-    @property
-    def pending(self) -> int:
-        return self.length - 1
-
-    def ensure(self, extra: int) -> None:
-        """Room for `extra` more slots."""
-        need = self.length + extra
-        if need <= self.tokens.shape[1]:
-            return
-        grow = max(need, 2 * self.tokens.shape[1]) - self.tokens.shape[1]
-        self.tokens = torch.nn.functional.pad(self.tokens, (0, grow))
-        self.valid = torch.nn.functional.pad(self.valid, (0, grow))
-        self.positions = torch.nn.functional.pad(self.positions, (0, grow))
-
-    def window(self, start: int, end: int):
-        """(tokens [B, end−start], mask [B, end] or None, positions [B, end−start]) for slots start..end."""
-        mask = self.valid[:, :end] if self.has_holes else None
-        return self.tokens[:, start:end], mask, self.positions[:, start:end]
-
-    def append(self, tokens: torch.Tensor) -> None:
-        """One new valid slot per row, right after the last: tokens [B]."""
-        s = self.length
-        self.tokens[:, s] = tokens
-        self.valid[:, s] = True
-        self.positions[:, s] = self.positions[:, s - 1] + 1
-        self.length += 1
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.tokens, self.valid, self.positions = (
-            t.index_select(0, rows) for t in (self.tokens, self.valid, self.positions)
-        )
-
-
-def _left_padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
-    """Each row's real prompt tokens (any padding side accepted)."""
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise SpecdecError("input_ids must be a non-empty [batch, length] tensor")
-    ids = input_ids.cpu().tolist()
-    if attention_mask is None:
-        return ids
-    keep = attention_mask.cpu().bool().tolist()
-    rows = [[t for t, k in zip(r, m) if k] for r, m in zip(ids, keep)]
-    if any(len(r) == 0 for r in rows):
-        raise SpecdecError("a prompt is empty (its attention mask is all zero)")
-    return rows
+MODES = (options.AUTOREGRESSIVE, *options.VERIFY_MODES)  # generate() also runs the reference, for tests
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -116,7 +43,7 @@ def _left_padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | No
 PREFILL_CHUNK = 1024  # a longer prompt is read in pieces of this many slots, with progress after each
 
 
-def prefill(decoders: list[Decoder], slots: _Slots, on_progress=None) -> None:
+def prefill(decoders: list[Decoder], slots: Slots, on_progress=None) -> None:
     """Every slot before `pending` into each cache. A prompt longer than PREFILL_CHUNK is read piece by piece
     (the same in every mode, so greedy speculative output stays the autoregressive one); on_progress(done,
     total) counts the slots read, over all decoders."""
@@ -134,39 +61,33 @@ def prefill(decoders: list[Decoder], slots: _Slots, on_progress=None) -> None:
         on_progress(total, total)
 
 
-def score(decoder: Decoder, slots: _Slots, start: int) -> torch.Tensor:
+def score(decoder: Decoder, slots: Slots, start: int) -> torch.Tensor:
     """The target over slots start..end (pending + γ draft tokens) in one pass -> logits [B, γ+1, V]."""
     return decoder.forward(*slots.window(start, slots.length))
 
 
-def verify(mode, proposal: Proposal, target_logits, generator, params, alpha, beta, backend):
-    """The accept/reject rule lives in kernels/reference.py, reached through decoding/verify.py; this only
-    prepares its inputs (proposal.probs None: a deterministic draft, one-hot).
+def verify(verifier: Verifier, proposal: Proposal, target_logits: torch.Tensor, settings: DraftSettings,
+           alpha: float, beta: float, backend: str) -> Verification:
+    """The accept/reject rule lives in kernels/reference.py, reached through the mode's Verifier; this only
+    prepares its inputs: the draft's probabilities or logits as the verifier reads them (neither: a
+    deterministic draft, one-hot), the uniforms, and the target's logits in the draft's space.
 
-    Greedy: accept while draft == target argmax. Sampling: the target distribution must be processed
-    exactly as the draft's was (÷T fused in verify when only temperature is on; top-k/top-p applied
-    here, then temperature 1)."""
-    draft_tokens = proposal.tokens
+    Greedy: accept while draft == target argmax, in every mode. Sampling: the target distribution must be
+    processed exactly as the draft's was (÷T fused in the kernel when only temperature is on; top-k/top-p
+    applied here, then temperature 1)."""
+    params = settings.params
     if params.greedy:
-        return verification.verify_greedy(draft_tokens, target_logits)
-    B, gamma = draft_tokens.shape
+        return verify_greedy(proposal.tokens, target_logits)
+    B, gamma = proposal.tokens.shape
     temperature = params.temperature
     if params.filtered:
         target_logits, temperature = process_logits(target_logits, params), 1.0
-    u = uniforms((B, gamma + 1), generator)  # [B, γ+1]
-    return verification.verify(
-        mode,
-        draft_tokens,
-        proposal.probs,
-        target_logits,
-        u,
-        draft_logits=proposal.logits,
-        temperature=temperature,
-        alpha=alpha,
-        beta=beta,
-        backend=backend,
-        check=False,  # the flags are read with the accepted counts (Verified.accepted)
-    )
+    u = uniforms((B, gamma + 1), settings.generator)  # [B, γ+1]
+    draft = proposal.logits if verifier.reads == LOGITS else proposal.probs
+    if draft is None and not verifier.one_hot:
+        raise verifier.refuse_one_hot()
+    kernel = verifier.kernel(backend, target_logits.device)
+    return kernel(proposal.tokens, draft, target_logits, u, temperature, alpha, beta)  # flags read with the counts
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -205,9 +126,26 @@ class _Rows:
         return going, count
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What stays fixed through one generate() call."""
+
+    target: Decoder
+    draft: Draft | None  # None: autoregressive
+    verifier: Verifier | None  # None: autoregressive
+    settings: DraftSettings
+    alpha: float
+    beta: float
+    backend: str
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+
 def generate(
     target,
-    draft_model,
+    draft,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
@@ -226,122 +164,114 @@ def generate(
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
-    target: a transformers causal LM or a `Decoder`; draft_model: one too, or a `Drafter` (unused, may be None,
-    for mode="autoregressive"). gamma_schedule: a name (options.GAMMA_SCHEDULES; γ is its start, or for auto its
-    upper bound) or a schedule object (schedule.make), which keeps what it measured from one call to the
-    next. params: temperature, top-k, top-p, seed (default: greedy). vocab_size: the V
-    both models' logits are cut to (models.check_compatible's answer when lm_heads carry padding rows);
-    default: the target's lm_head rows. draft_stop_below: end a round's drafting early when the draft is
-    unsure (see `draft`); 0 = always draft γ. on_prefill(done, total): progress through a long prompt.
+    target: a transformers causal LM or a `Decoder`; draft: a `Draft` fitted to these rows (draft.py), or a
+    transformers model or Decoder (as transformers' assistant_model; unused, may be None, for autoregressive).
+    gamma_schedule: a name (options.GAMMA_SCHEDULES; γ is its start, or for auto its upper bound) or a
+    schedule object (schedule.make), which keeps what it measured from one call to the next. params:
+    temperature, top-k, top-p, seed (default: greedy). vocab_size: the V both models' logits are cut to
+    (models.check_compatible's answer when lm_heads carry padding rows); default: the draft's `vocab`, else the
+    target's lm_head rows. draft_stop_below: end a round's drafting early when the draft is unsure
+    (ModelDraft.propose); 0 = always draft γ. on_prefill(done, total): progress through a long prompt.
     Returns the new tokens of each row and the run's stats."""
     options.one_of("--mode", mode, MODES)
-    speculative = mode != "autoregressive"
-    if speculative:
+    verifier = VERIFIERS.get(mode)  # None: autoregressive
+    if verifier is not None:
         options.check_gamma(gamma)
     schedule = schedules.make(gamma_schedule, gamma)
-    if speculative and draft_model is None:
+    draft = as_draft(draft) if verifier is not None else None
+    if verifier is not None and draft is None:
         raise SpecdecError(f"mode {mode!r} needs a draft model")
     options.at_least("--max-new-tokens", max_new_tokens, 0)
     params = SamplingParams() if params is None else params
     eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or ())
-
     target = as_decoder(target)
-    drafter = as_drafter(draft_model) if speculative else None
-    device = target.device
     with torch.inference_mode():
-        slots = _Slots(input_ids, attention_mask, device)
-        B = slots.tokens.shape[0]
-        stats = GenerationStats(mode, gamma if speculative else 0, schedule.name, B)
-        rows = _Rows(B, max_new_tokens, eos)
-        if max_new_tokens == 0:
-            return GenerationResult(rows.tokens, rows.reasons, stats.finish())
-        generator = params.generator(device)
-        vocab = vocab_size or target.vocab_size
-        decoders = [target, *(drafter.decoders if speculative else ())]
-
-        t_start = _clock(device)
-        prefill(decoders, slots, on_prefill)
-        stats.prefill_s = _clock(device) - t_start
-        while True:
-            g = min(schedule.next(), max(rows.remaining()) - 1) if speculative else 0  # never overshoot
-            slots.ensure(g + 1)
-            start = slots.pending
-            if g == 0:
-                out, r = _decode_one_token(target, slots, params, generator, vocab)
-            else:
-                out, r = _speculate(target, drafter, slots, g, mode, params, generator, vocab, alpha, beta, backend,
-                                    draft_stop_below)
-            stats.record(r, speculative)
-            schedule.observe(r)
-            going = _commit(slots, target, drafter, rows, out, r.accepted, start, stats)
-            if not going:
-                break
-            if len(going) < len(r.accepted):
-                _select(going, slots, decoders, rows)
-        stats.wall_s = _clock(device) - t_start
-        stats.schedule = schedule.estimates()
+        slots = Slots(input_ids, attention_mask, target.device)
+        stats = GenerationStats(mode, gamma if draft is not None else 0, schedule.name, slots.rows)
+        rows = _Rows(slots.rows, max_new_tokens, eos)
+        if max_new_tokens > 0:
+            vocab = vocab_size or (draft.vocab if draft is not None else None) or target.vocab_size
+            settings = DraftSettings(params, params.generator(target.device), vocab,
+                                     keep_logits=verifier is not None and verifier.reads == LOGITS,
+                                     stop_below=draft_stop_below)
+            _decode(_Run(target, draft, verifier, settings, alpha, beta, backend), slots, rows, schedule, stats,
+                    on_prefill)
     return GenerationResult(rows.tokens, rows.reasons, stats.finish())
 
 
-def _decode_one_token(target: Decoder, slots: _Slots, params, generator, vocab: int):
+def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationStats, on_prefill) -> None:
+    """Prefill, then rounds until every row is done."""
+    decoders = [run.target, *(run.draft.decoders if run.draft is not None else ())]
+    t_start = _clock(run.device)
+    prefill(decoders, slots, on_prefill)
+    stats.prefill_s = _clock(run.device) - t_start
+    while True:
+        g = min(schedule.next(), max(rows.remaining()) - 1) if run.draft is not None else 0  # never overshoot
+        slots.ensure(g + 1)
+        start = slots.pending
+        out, r = _speculate(run, slots, g) if g > 0 else _decode_one_token(run, slots)
+        stats.record(r, run.draft is not None)
+        schedule.observe(r)
+        going = _commit(run, slots, rows, out, r.accepted, start, stats)
+        if not going:
+            break
+        if len(going) < len(r.accepted):
+            _select(going, slots, decoders, rows)
+    stats.wall_s = _clock(run.device) - t_start
+    stats.schedule = schedule.estimates()
+
+
+def _decode_one_token(run: _Run, slots: Slots) -> tuple[torch.Tensor, Round]:
     """The target alone: logits at `pending` -> one token per row. -> (out [B, 1], the Round: γ 0)."""
-    t0 = _clock(target.device)
-    logits = fit_vocab(target.forward(*slots.window(slots.pending, slots.length), keep=1)[:, -1], vocab)  # [B, V]
+    t0 = _clock(run.device)
+    params = run.settings.params
+    logits = run.target.forward(*slots.window(slots.pending, slots.length), keep=1)[:, -1]
+    logits = fit_vocab(logits, run.settings.vocab)  # [B, V]
     B = logits.shape[0]
-    token, _ = sample_logits(logits, params, None if params.greedy else uniforms(B, generator))
-    return token[:, None], Round(0, [0] * B, target_s=_clock(target.device) - t0)
+    token, _ = sample_logits(logits, params, None if params.greedy else uniforms(B, run.settings.generator))
+    return token[:, None], Round(0, [0] * B, target_s=_clock(run.device) - t0)
 
 
-def _speculate(target, drafter: Drafter, slots, g, mode, params, generator, vocab, alpha, beta, backend,
-               stop_below=0.0):
+def _speculate(run: _Run, slots: Slots, g: int) -> tuple[torch.Tensor, Round]:
     """One speculative round: draft γ (or fewer), score γ+1, verify. -> (out_tokens [B, γ+1], the Round).
     A draft that proposes nothing (no n-gram matched) makes the round one plain step."""
-    device = target.device
+    assert run.draft is not None and run.verifier is not None
     start = slots.pending
-    t0 = _clock(device)
-    proposal = drafter.propose(slots, g, params, generator, vocab, keep_logits=(mode == "sigmoid"), stop_below=stop_below)
+    t0 = _clock(run.device)
+    proposal = run.draft.propose(slots, g, run.settings)
+    slots.extend(proposal.tokens)  # the target scores them next
     asked, g = g, proposal.tokens.shape[1]  # the draft may stop early
-    t1 = _clock(device)
+    t1 = _clock(run.device)
     if g == 0:
-        out, r = _decode_one_token(target, slots, params, generator, vocab)
+        out, r = _decode_one_token(run, slots)
         r.asked, r.draft_s = asked, t1 - t0
         return out, r
-    target_logits = fit_vocab(score(target, slots, start), vocab)  # [B, γ+1, V]
-    t2 = _clock(device)
-    verified = verify(mode, proposal, target_logits, generator, params, alpha, beta, backend)
+    target_logits = fit_vocab(score(run.target, slots, start), run.settings.vocab)  # [B, γ+1, V]
+    t2 = _clock(run.device)
+    verified = verify(run.verifier, proposal, target_logits, run.settings, run.alpha, run.beta, run.backend)
     accepted = verified.accepted()  # the one host sync of the round
-    t3 = _clock(device)
+    t3 = _clock(run.device)
     return verified.out_tokens, Round(g, accepted, asked, draft_s=t1 - t0, target_s=t2 - t1, verify_s=t3 - t2,
                                       catch_up=proposal.catch_up, backend=verified.backend)
 
 
-def _commit(slots, target, drafter, rows, out, accepted, start, stats) -> list[int]:
-    """Keep each row's accepted slots, mark its rejected ones invalid, write its new token to the
-    new pending slot, crop both caches to the longest row. -> active rows still going."""
-    longest = max(accepted)
-    pending = start + longest + 1  # the new pending slot, the same for every row
-    n = torch.tensor(accepted, device=slots.tokens.device)  # [B]
-    if longest > min(accepted):  # rows that accepted fewer: their extra slots become holes
-        offsets = torch.arange(1, longest + 1, device=n.device)  # [longest]
-        slots.valid[:, start + 1 : pending] = offsets[None, :] <= n[:, None]
-        slots.has_holes = True
-    new_token = out.gather(1, n[:, None]).squeeze(1)  # [B] the resampled / bonus token
-    slots.tokens[:, pending] = new_token
-    slots.valid[:, pending] = True
-    slots.positions[:, pending] = slots.positions[:, start] + n + 1
-    slots.length = pending + 1
-    target.crop(pending)
-    if drafter is not None:
-        drafter.crop(pending)
-
-    out_rows = out[:, : longest + 1].tolist()
+def _commit(run: _Run, slots: Slots, rows: _Rows, out: torch.Tensor, accepted: list[int], start: int,
+            stats: GenerationStats) -> list[int]:
+    """Keep each row's accepted slots and its new token (Slots.commit), crop both caches to the longest row,
+    emit the tokens. -> active rows still going."""
+    new_token = out.gather(1, torch.tensor(accepted, device=out.device)[:, None]).squeeze(1)  # [B]
+    pending = slots.commit(start, accepted, new_token)
+    run.target.crop(pending)
+    if run.draft is not None:
+        run.draft.crop(pending)
+    out_rows = out[:, : max(accepted) + 1].tolist()
     emitted = [r[: a + 1] for r, a in zip(out_rows, accepted)]
     going, count = rows.emit(emitted)
     stats.new_tokens += count
     return going
 
 
-def _select(going: list[int], slots: _Slots, decoders: list[Decoder], rows: _Rows) -> None:
+def _select(going: list[int], slots: Slots, decoders: list[Decoder], rows: _Rows) -> None:
     """Drop finished rows from the slots, the caches and the bookkeeping."""
     idx = torch.tensor(going, device=slots.tokens.device)
     slots.select(idx)

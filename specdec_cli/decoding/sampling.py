@@ -17,7 +17,7 @@ import torch
 
 from specdec_cli import options
 from specdec_cli.errors import NonFiniteLogitsError
-from specdec_cli.kernels.exact import draw_from_weights
+from specdec_cli.kernels.draw import draw_from_weights
 
 _DEFAULTS = options.DecodeOptions()
 

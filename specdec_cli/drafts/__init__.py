@@ -1,55 +1,88 @@
 """Drafts: what proposes tokens for the target to verify, and what makes a draft cheap.
 
-    spec.py          the one grammar of --draft: self, self:K, self:0-2,4, lookup, lookup+DRAFT, or another model
-    lookup.py        prompt lookup: a draft without a model, verified as one-hot
-    layers.py        self:K for causal LMs: the target's first K layers, weights shared
-    lean_whisper.py  self for Whisper: the target's decoder in a lean int4 decoding step (LeanDraft)
-    subset_head.py   an output layer over a subset of the vocabulary
-    int8.py, int4.py low-bit draft weights on a CPU
+    spec.py           the one grammar of --draft: self, self:K, self:0-2,4, lookup, lookup+DRAFT, or another model
+    lookup.py         prompt lookup: a draft without a model, verified as one-hot (and lookup+DRAFT)
+    causal.py         a causal LM as the draft: another model, with a subset head and int8 weights
+    layers.py         self:K for causal LMs: the target's first K layers, weights shared
+    lean_whisper.py   self for Whisper: the target's decoder in a lean int4 decoding step
+    whisper_model.py  another Whisper model as the draft
+    subset_head.py    an output layer over a subset of the vocabulary
+    int8.py, int4.py  low-bit draft weights on a CPU
 
-None of these changes the output: verification checks every draft token against the unmodified target.
-`load_pair` below gives a task its (target, draft), `load_draft` a draft for a loaded target. Drafts build on models and decoding, never on tasks,
-bench or the CLI.
+Every draft kind follows decoding.draft.Draft and is built by one entry of BUILDERS, keyed by its kind in the
+--draft grammar and the target's family. A new kind is one module with a `build` and one line below. None of
+these changes the output: verification checks every draft token against the unmodified target. Drafts build on
+models and decoding, never on tasks, bench or the CLI.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Protocol
 
 from specdec_cli import options
-from specdec_cli.drafts import spec
-from specdec_cli.drafts.lookup import Lookup, WithLookup
-from specdec_cli.models import LoadedModel, check_compatible, load_model, resolve_device
+from specdec_cli.decoding import VERIFIERS, Draft, ModelDraft
+from specdec_cli.drafts import causal, layers, lean_whisper, lookup, spec, whisper_model
+from specdec_cli.errors import SpecdecError
+from specdec_cli.models import LoadedModel, load_model, resolve_device
+from specdec_cli.models.causal_lm import CAUSAL_LM
 from specdec_cli.models.loading import Family
+from specdec_cli.models.whisper import WHISPER
 
 
-def load_draft(draft_spec: str, target: LoadedModel, family: Family, *,
-               self_draft: Callable[[LoadedModel, str], Any],
-               adopt: Callable[[LoadedModel, LoadedModel, int], Any] | None = None, progress: bool = True) -> Any:
-    """The draft `draft_spec` names for `target`. A `self…` draft is self_draft(target, draft_spec). Another model
-    is read by the family in the target's dtype and on its device, checked against the target
-    (models.check_compatible), then handed to adopt(target, draft, V) when given (a task may wrap it).
-    `lookup` is a lookup.Lookup; `lookup+DRAFT` a lookup.WithLookup of it and DRAFT's draft."""
+class Builder(Protocol):
+    def __call__(self, draft_spec: str, target: LoadedModel, opts: options.DecodeOptions,
+                 progress: bool = True) -> Draft: ...
+
+
+ANY = None  # a kind that drafts for every family
+BUILDERS: dict[tuple[str, Family | None], Builder] = {
+    ("lookup", ANY): lookup.build,
+    ("self", CAUSAL_LM): layers.build,
+    ("self", WHISPER): lean_whisper.build,
+    ("model", CAUSAL_LM): causal.build,
+    ("model", WHISPER): whisper_model.build,
+}
+
+
+def build(draft_spec: str, target: LoadedModel, family: Family, opts: options.DecodeOptions, *,
+          progress: bool = True) -> Draft:
+    """The draft `draft_spec` names for `target` (read by `family`), with `opts`' draft options; lookup+DRAFT
+    is lookup, then DRAFT's draft."""
     lookup_spec, model_spec = spec.split_lookup(draft_spec)
-    if model_spec is None:
-        return Lookup(*spec.lookup_sizes(lookup_spec))
-    if spec.is_self(model_spec):
-        draft = self_draft(target, model_spec)
-    else:
-        draft = load_model(model_spec, family, role="draft", dtype=target.dtype, device=str(target.device),
-                           progress=progress)
-        vocab = check_compatible(target, draft)
-        draft = adopt(target, draft, vocab) if adopt is not None else draft
-    return draft if lookup_spec is None else WithLookup(Lookup(*spec.lookup_sizes(lookup_spec)), draft)
+    drafts = [_build_one(part, target, family, opts, progress) for part in (lookup_spec, model_spec) if part]
+    return drafts[0] if len(drafts) == 1 else lookup.LookupThen(*drafts)
 
 
-def load_pair(opts: options.DecodeOptions, family: Family, *, self_draft: Callable[[LoadedModel, str], Any],
-              adopt: Callable[[LoadedModel, LoadedModel, int], Any] | None = None,
-              progress: bool = True) -> tuple[LoadedModel, Any]:
-    """(target, draft) for `opts` (target, draft, mode, dtype, device); the draft is None for autoregressive,
-    else load_draft's."""
-    device = resolve_device(opts.device)
-    target = load_model(opts.target, family, role="target", dtype=opts.dtype, device=device, progress=progress)
+def _build_one(part: str, target: LoadedModel, family: Family, opts: options.DecodeOptions, progress: bool) -> Draft:
+    kind = spec.kind(part)
+    builder = BUILDERS.get((kind, family)) or BUILDERS.get((kind, ANY))
+    if builder is None:
+        raise SpecdecError(f"--draft {part}: no {kind} draft for {family.kind}")
+    return builder(part, target, opts, progress)
+
+
+def check_mode(opts: options.DecodeOptions) -> None:
+    """Refuse, before any model loads, a --draft the mode cannot verify: a deterministic draft (lookup)
+    has no probabilities or logits, which a mode without a one-hot path (sigmoid) needs."""
+    if not opts.speculative or VERIFIERS[opts.mode].one_hot:
+        return
+    if spec.split_lookup(opts.draft)[0] is not None:
+        raise VERIFIERS[opts.mode].refuse_one_hot()
+
+
+def load_pair(opts: options.DecodeOptions, family: Family, *, progress: bool = True) -> tuple[LoadedModel, Draft | None]:
+    """(target, draft) for `opts` (target, draft, mode, dtype, device and the draft options); the draft is
+    None for autoregressive."""
+    check_mode(opts)
+    target = load_model(opts.target, family, role="target", dtype=opts.dtype, device=resolve_device(opts.device),
+                        progress=progress)
     if not opts.speculative:
         return target, None
-    return target, load_draft(opts.draft, target, family, self_draft=self_draft, adopt=adopt, progress=progress)
+    return target, build(opts.draft, target, family, opts, progress=progress)
+
+
+def model_draft(draft: Draft | None) -> ModelDraft | None:
+    """The model a draft runs (lookup+DRAFT: DRAFT's), or None for a draft without one."""
+    if isinstance(draft, lookup.LookupThen):
+        return model_draft(draft.then)
+    return draft if isinstance(draft, ModelDraft) else None

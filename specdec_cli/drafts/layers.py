@@ -1,5 +1,5 @@
 """`self:K` for causal LMs: the target's own first K decoder layers as the draft (self-speculative
-drafting), sharing every weight with the target."""
+drafting), sharing every weight with the target; it drafts as any causal draft does (causal.CausalDraft)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import copy
 from torch import nn
 
 from specdec_cli import internals
-from specdec_cli.drafts import spec
+from specdec_cli.drafts import causal, spec
 from specdec_cli.errors import SpecdecError
-from specdec_cli.models import LoadedModel
+from specdec_cli.models import LoadedModel, check_compatible
+from specdec_cli.options import DecodeOptions
 
 
 def decoder_layers(model) -> nn.ModuleList | None:
@@ -70,10 +71,11 @@ def self_draft(target: LoadedModel, k: int) -> LoadedModel:
     )
 
 
-def self_draft_from_spec(target: LoadedModel, draft_spec: str) -> LoadedModel:
+def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: bool = True) -> causal.CausalDraft:
     """The draft `self:K` names (drafts/spec.py; a causal LM runs only its first K layers, K < n)."""
     layers = decoder_layers(target.model)
     if layers is None:
         raise SpecdecError(f"self:K drafting needs a decoder with a `layers` list; {type(target.model).__name__} has none")
     n = len(layers)
-    return self_draft(target, len(spec.self_layers(draft_spec, n, max_layers=n - 1, prefix_only=True)))
+    loaded = self_draft(target, len(spec.self_layers(draft_spec, n, max_layers=n - 1, prefix_only=True)))
+    return causal.adopt(loaded, target, check_compatible(target, loaded), opts)

@@ -1,6 +1,9 @@
 """The self draft of Whisper: the target's own decoder weights, run by a lean decoding step.
 
-LeanDraft keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
+    LeanDecoder  the decoding step: the target's decoder layers in plain torch ops, int4 on a CPU
+    LeanDraft    the draft kind (`self`, `self:K`, `self:0-2,4` for a Whisper target): a LeanDecoder per window
+
+LeanDecoder keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
 output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids when the task decodes them
 (−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
 compares argmaxes), and runs them in plain torch ops with int4 weights on a CPU instead of transformers'
@@ -18,16 +21,17 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec_cli.decoding import Decoder
+from specdec_cli.decoding import Batch, Decoder, ModelDraft
 from specdec_cli.drafts import spec
 from specdec_cli.drafts.int4 import linear, pack_int4
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
+from specdec_cli.options import TranscribeOptions
 
 
-class LeanDraft(Decoder):
-    """The self draft: the target's own decoder weights (`layers` of them) and an output layer over token ids
+class LeanDecoder(Decoder):
+    """The self draft's decoding step: the target's own decoder weights (`layers` of them) and an output layer over token ids
     [0, head_size) ∪ `extra_ids` (−inf elsewhere: zero probability off the subset, which exact verification
     allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
     in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
@@ -96,7 +100,6 @@ class LeanDraft(Decoder):
             self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
             self.head = lin(weight.index_select(0, self.keep))  # [N', d]
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.timestamps = self.keep is None  # its output layer scores the timestamp ids (self_draft: or when asked to)
         self.keys = self.values = None
         head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
         self.description = f"layers {list(layers)}, {head}" + (", int4" if self.int4 else "")
@@ -105,12 +108,7 @@ class LeanDraft(Decoder):
     def head_rows(self) -> int:
         return self.vocab if self.keep is None else len(self.keep)
 
-    def for_window(self, audio, encoded, kv, hook=None) -> "LeanDraft":
-        """The transcribe task's draft protocol (tasks/transcribe.py): a decoder for one window. The lean
-        draft reads only the target's cross-attention K/V; the window's audio and encoder output go unused."""
-        return self.window(kv, hook)
-
-    def window(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], hook=None) -> "LeanDraft":
+    def window(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], hook=None) -> LeanDecoder:
         """A copy for one window: kv = every target layer's cross-attention (K, V), each [B, heads, S, head_dim]
         (cross_kv); hook = the logits hook. The weights are shared."""
         draft = copy.copy(self)
@@ -197,15 +195,39 @@ def head_extras(target: LoadedModel, timestamps: bool = False) -> list[int]:
     return [ids.eot, *times]
 
 
+class LeanDraft(ModelDraft):
+    """The self draft of a Whisper target. Fitted to a batch of windows: a LeanDecoder over the windows'
+    cross-attention K/V (the target's own: the audio and encoder output go unused). timestamps: its output
+    layer scores the timestamp ids."""
+
+    def __init__(self, lean: LeanDecoder, name: str, timestamps: bool):
+        super().__init__(lean.model, vocab=lean.vocab)
+        self.lean, self.name, self.timestamps = lean, name, timestamps
+
+    def decoder_for(self, batch: Batch) -> LeanDecoder:
+        refuse_timestamps(self.timestamps, batch)
+        return self.lean.window(batch.window.kv, batch.logits_hook)
+
+
+def refuse_timestamps(scores_timestamps: bool, batch: Batch) -> None:
+    """A draft whose output layer leaves out the timestamp ids cannot draft for a task that decodes them."""
+    if batch.window.timestamps and not scores_timestamps:
+        raise SpecdecError("--timestamps: this draft's output layer leaves out the timestamp tokens "
+                           "(load it with timestamps=True)")
+
+
 def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | None = None,
                int4: bool = True, timestamps: bool = False) -> LeanDraft:
-    """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDraft
+    """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDecoder
     over those decoder layers with an output layer over [0, head_size) ∪ head_extras (None, 0 or ≥ V: the whole
     output layer), int4 weights on a CPU unless int4=False."""
     layers = spec.self_layers(draft_spec, len(decoder_layers(target)))
     if layers is None:
         raise ValueError(f"not a self draft: {draft_spec!r}")
-    draft = LeanDraft(target.model, layers, head_size or None, extra_ids=head_extras(target, timestamps), int4=int4)
-    draft.timestamps = draft.keep is None or timestamps  # its output layer scores the timestamp ids
-    draft.name = f"{target.name} ({draft.description})"
-    return draft
+    lean = LeanDecoder(target.model, layers, head_size or None, extra_ids=head_extras(target, timestamps), int4=int4)
+    return LeanDraft(lean, f"{target.name} ({lean.description})", timestamps=lean.keep is None or timestamps)
+
+
+def build(draft_spec: str, target: LoadedModel, opts: TranscribeOptions, progress: bool = True) -> LeanDraft:
+    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights."""
+    return self_draft(target, draft_spec, opts.draft_vocab, opts.draft_quantized, opts.timestamps)

@@ -10,20 +10,22 @@ output). No model, no memory, tens of microseconds. The proposal is deterministi
 one-hot q (decoding/verify.py): accept x iff u <= p(x), after a rejection draw from p without x. Greedy output
 is the target's token for token, sampled output keeps its distribution.
 
-    Lookup           the draft itself
-    LookupThenModel  lookup first; a model draft for the rounds where no n-gram matched
-    WithLookup       what drafts.load_draft gives for --draft lookup+DRAFT, before the loop's drafter is made
+    Lookup      the draft itself (`lookup`, `lookup:N`, `lookup:N-M`)
+    LookupThen  lookup first; another draft for the rounds where no n-gram matched (`lookup+DRAFT`)
+
+This module is the worked example of a draft kind: a class that follows decoding.draft.Draft, a `build`
+function, and one line in drafts/__init__.py's BUILDERS.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from specdec_cli.decoding.drafter import Drafter, ModelDrafter, Proposal, as_drafter
+from specdec_cli.decoding import Batch, Decoder, Draft, DraftSettings, Proposal, Slots
+from specdec_cli.drafts import spec
 
 
 def continuation(context: np.ndarray, k: int, longest: int, shortest: int = 1) -> np.ndarray:
@@ -53,15 +55,25 @@ def continuation(context: np.ndarray, k: int, longest: int, shortest: int = 1) -
     return context[start : start + k]
 
 
-class Lookup(Drafter):
-    """The prompt-lookup draft. longest, shortest: the tail lengths (n-gram sizes) it matches."""
+class Lookup:
+    """The prompt-lookup draft. longest, shortest: the tail lengths (n-gram sizes) it matches. No model and no
+    cache: fitting it to a batch changes nothing."""
 
-    def __init__(self, longest: int = 16, shortest: int = 1):
+    vocab = None  # proposes token ids of the prompt: any vocabulary
+    decoders: tuple[Decoder, ...] = ()
+
+    def __init__(self, longest: int = spec.LOOKUP_LONGEST, shortest: int = spec.LOOKUP_SHORTEST):
         if not 1 <= shortest <= longest:
             raise ValueError("n-gram sizes: 1 <= shortest <= longest")
         self.longest, self.shortest = longest, shortest
 
-    def propose(self, slots, gamma, params, generator, vocab, *, keep_logits=False, stop_below=0.0) -> Proposal:
+    def fit(self, batch: Batch) -> Lookup:
+        return self
+
+    def crop(self, length: int) -> None:
+        pass
+
+    def propose(self, slots: Slots, gamma: int, settings: DraftSettings) -> Proposal:
         """Each row's continuation; a row with a shorter one (or none) is padded with its last token, which
         verification rejects or accepts like any proposal. k = 0 when no row matched."""
         tokens = slots.tokens[:, : slots.length].cpu().numpy()  # [B, S]
@@ -72,47 +84,38 @@ class Lookup(Drafter):
         for b, f in enumerate(found):
             pad = f[-1] if len(f) else tokens[b, slots.length - 1]
             out[b] = torch.from_numpy(np.concatenate([f, np.full(k - len(f), pad, dtype=f.dtype)]))
-        out = out.to(slots.tokens.device)
-        for i in range(k):
-            slots.append(out[:, i])
-        return Proposal(out, None)
+        return Proposal(out.to(slots.tokens.device), None)
 
     def lookup(self, context: np.ndarray, k: int) -> np.ndarray:
         return continuation(context, k, self.longest, self.shortest)
 
 
-class LookupThenModel(Drafter):
-    """Lookup when an n-gram matches, the model draft otherwise. The model's cache catches up on the slots it
-    missed in its next round (its first step reads them all)."""
+class LookupThen:
+    """Lookup when an n-gram matches, another draft otherwise (a model: its cache catches up on the slots it
+    missed in its next round, its first step reads them all)."""
 
-    def __init__(self, lookup: Lookup, model: ModelDrafter):
-        self.lookup, self.model = lookup, model
-        self.decoders = model.decoders
+    def __init__(self, lookup: Lookup, then: Draft):
+        self.lookup, self.then = lookup, then
 
-    def propose(self, slots, gamma, params, generator, vocab, *, keep_logits=False, stop_below=0.0) -> Proposal:
-        found = self.lookup.propose(slots, gamma, params, generator, vocab)
-        if found.tokens.shape[1] > 0:
-            return found
-        return self.model.propose(slots, gamma, params, generator, vocab, keep_logits=keep_logits, stop_below=stop_below)
+    @property
+    def vocab(self) -> int | None:
+        return self.then.vocab
 
+    @property
+    def decoders(self) -> tuple[Decoder, ...]:
+        return self.then.decoders
 
-@dataclass
-class WithLookup:
-    """--draft lookup+DRAFT as loaded: the lookup, and DRAFT's draft (a task's model, before it is made cheaper)."""
+    def fit(self, batch: Batch) -> LookupThen:
+        return LookupThen(self.lookup, self.then.fit(batch))
 
-    lookup: Lookup
-    model: Any
+    def crop(self, length: int) -> None:
+        self.then.crop(length)
 
-
-def parts(draft) -> tuple[Lookup | None, Any]:
-    """(the lookup, the model draft) of what drafts.load_draft gave; either may be None."""
-    if isinstance(draft, WithLookup):
-        return draft.lookup, draft.model
-    return (draft, None) if isinstance(draft, Lookup) else (None, draft)
+    def propose(self, slots: Slots, gamma: int, settings: DraftSettings) -> Proposal:
+        found = self.lookup.propose(slots, gamma, settings)
+        return found if found.tokens.shape[1] > 0 else self.then.propose(slots, gamma, settings)
 
 
-def drafter(lookup: Lookup | None, model) -> Any:
-    """What the loop takes as its draft: the lookup, the model (a model or Decoder), or lookup then the model."""
-    if lookup is None or model is None:
-        return lookup if model is None else model
-    return LookupThenModel(lookup, as_drafter(model))
+def build(draft_spec: str, target: Any, opts: Any, progress: bool = True) -> Lookup:
+    """`lookup`, `lookup:N` or `lookup:N-M` (drafts/spec.py), for any target."""
+    return Lookup(*spec.lookup_sizes(draft_spec))

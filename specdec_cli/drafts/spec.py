@@ -50,6 +50,16 @@ def lookup_sizes(spec: str) -> tuple[int, int]:
     return longest, shortest
 
 
+def kind(spec: str) -> str:
+    """The kind of one draft (no `+`): "lookup", "self" or "model" (drafts.BUILDERS has a builder for each).
+
+    >>> kind("lookup:4"), kind("self:2"), kind("./my-draft")
+    ('lookup', 'self', 'model')
+    """
+    head = (spec or "").strip().lower().partition(":")[0]
+    return head if head in ("lookup", "self") else "model"
+
+
 def is_self(spec: str) -> bool:
     text = (spec or "").strip().lower()
     return text == "self" or text.startswith("self:")

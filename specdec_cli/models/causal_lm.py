@@ -384,3 +384,14 @@ def load_causal_lm(spec: str, *, role: str = "target", dtype: torch.dtype | str 
     ('SmolLM2-135M-Instruct', 'embedded', True)
     """
     return load_model(spec, CAUSAL_LM, role=role, dtype=dtype, device=device, progress=progress)
+
+
+def eos_ids(model: LoadedModel) -> set[int]:
+    """The ids that end a sequence: the generation config's EOS ids and the tokenizer's."""
+    ids: set[int] = set()
+    for source in (getattr(model.model.generation_config, "eos_token_id", None), model.tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return ids

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.models.loading import LoadedModel
+from specdec_cli.models.loading import Family, LoadedModel, load_model
 
 
 def vocab_difference(target_vocab: dict[str, int], draft_vocab: dict[str, int]) -> str | None:
@@ -48,3 +48,10 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> int:
     return min(target.output_size, draft.output_size)
 
 
+
+
+def load_compatible(spec: str, target: LoadedModel, family: Family, *, progress: bool = True) -> tuple[LoadedModel, int]:
+    """A second model for `target` (a draft): read by `family` in the target's dtype and on its device, checked
+    against it. -> (the model, the V both models' logits are cut to)."""
+    draft = load_model(spec, family, role="draft", dtype=target.dtype, device=str(target.device), progress=progress)
+    return draft, check_compatible(target, draft)

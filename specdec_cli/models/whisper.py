@@ -21,6 +21,7 @@ from specdec_cli.models.loading import Family, LoadedModel, load_model
 from specdec_cli.models.progress import status
 
 EMBEDDED_DEFAULT = "base"  # what a bare `--target embedded` means
+SAMPLE_RATE = 16_000  # Hz: what Whisper's feature extractor takes
 TIME_PER_TOKEN = 0.02  # seconds between timestamp tokens: <|0.00|>, <|0.02|>, ... <|30.00|>
 
 

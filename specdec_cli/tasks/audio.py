@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec_cli.errors import SpecdecError, warn
+from specdec_cli.models.whisper import SAMPLE_RATE
 
-SAMPLE_RATE = 16_000  # Whisper's input rate
 WINDOW_SECONDS = 30.0  # Whisper's receptive field: 3000 mel frames of 10 ms
 RAW_SUFFIXES = (".raw", ".pcm")  # headerless: read as 16 kHz mono signed 16-bit little-endian (pocketsphinx's)
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", *RAW_SUFFIXES)  # what a folder's audio is

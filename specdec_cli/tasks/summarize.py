@@ -13,15 +13,10 @@ from pathlib import Path
 import torch
 
 from specdec_cli import drafts
-from specdec_cli.decoding import GenerationStats, SamplingParams, generate, make_schedule
-from specdec_cli.drafts.int8 import quantize_draft
-from specdec_cli.drafts.layers import self_draft_from_spec
-from specdec_cli.drafts.lookup import drafter
-from specdec_cli.drafts.lookup import parts as lookup_parts
-from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
+from specdec_cli.decoding import Batch, Draft, GenerationStats, SamplingParams, generate, make_schedule
 from specdec_cli.errors import SpecdecError, warn
-from specdec_cli.models import LoadedModel, check_compatible
-from specdec_cli.models.causal_lm import CAUSAL_LM
+from specdec_cli.models import LoadedModel
+from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
 from specdec_cli.models.exact_rows import exact_rows
 from specdec_cli.options import SummarizeOptions
 
@@ -129,59 +124,37 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def eos_ids(tokenizer, model) -> set[int]:
-    ids = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(source)
-    return ids
-
-
-def summarize(target: LoadedModel, draft: LoadedModel | None, articles: list[Article],
+def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
               options: SummarizeOptions | None = None, *, on_batch=None, on_prefill=None,
               **overrides) -> list[Summary]:
-    """Summaries of `articles` in input order. target/draft: LoadedModels from load_pair (draft None for
-    autoregressive). options: the SummarizeOptions (default: the CLI's defaults), with `overrides` applied
-    (e.g. mode="autoregressive", gamma=6). on_batch(done, total) is called after each batch, on_prefill(done,
-    total) while a long prompt is read (progress).
+    """Summaries of `articles` in input order. target/draft: from load_pair (draft None for autoregressive).
+    options: the SummarizeOptions (default: the CLI's defaults), with `overrides` applied (e.g.
+    mode="autoregressive", gamma=6). on_batch(done, total) is called after each batch, on_prefill(done, total)
+    while a long prompt is read (progress).
 
-    draft: a model draft, a lookup.Lookup, or a lookup.WithLookup (--draft lookup+DRAFT), as load_pair gives.
-    Three things make a model draft cheaper and leave the output exactly the target's: draft_vocab > 0 cuts its
-    output layer to the draft_vocab most frequent tokens plus the batch's prompt tokens (drafts/subset_head.py);
-    draft_quantized gives it int8 weights on a CPU (drafts/int8.py); draft_stop > 0 ends a round's drafting
-    once the draft is less sure than that of its token (decoding.drafter.ModelDrafter).
-
-    The target runs as models.exact_rows makes it in every mode: a pass over a round's tokens gives each the bits
-    a one-token step gives, so greedy output is the autoregressive output token for token in bf16 too."""
+    The draft is fitted to each batch (Draft.fit): a model draft's output layer then scores the frequent ids
+    plus the batch's prompt ids (drafts/causal.py). The target runs as models.exact_rows makes it in every
+    mode: a pass over a round's tokens gives each the bits a one-token step gives, so greedy output is the
+    autoregressive output token for token in bf16 too."""
     opts = (options or SummarizeOptions()).replace(**overrides).validate()
     if opts.speculative and draft is None:
         raise SpecdecError(f"mode {opts.mode!r} needs a draft model")
-    lookup, draft = lookup_parts(draft) if opts.speculative else (None, None)  # draft: the model draft, if any
     tok, model = target.tokenizer, target.model
     prompts = encode(tok, model, articles, opts.max_new_tokens, opts.truncate, opts.max_input_tokens)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos_ids(tok, model)), 0)
-    eos = eos_ids(tok, model)
-    vocab = None if draft is None else check_compatible(target, draft)  # heads may pad rows past the vocabulary
+    eos = eos_ids(target)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
     params = SamplingParams.of(opts)
     schedule = make_schedule(opts.gamma_schedule, opts.gamma)  # one for the run: what it measured carries over
     out: list[Summary] = []
     for start in range(0, len(articles), opts.batch_size):
         chunk = slice(start, start + opts.batch_size)
         input_ids, attention_mask = left_pad(prompts[chunk], pad)
-        if draft is not None and opts.draft_vocab > 0:
-            keep = torch.cat([frequent_ids(opts.draft_vocab, draft.output_size), input_ids.flatten(),
-                              torch.tensor(sorted(eos))])
-            restrict_head(draft.model, keep)
-        if draft is not None and opts.draft_quantized:
-            quantize_draft(draft)
+        fitted = draft.fit(Batch(input_ids)) if opts.speculative and draft is not None else None
         result = generate(
-            exact_rows(model), drafter(lookup, None if draft is None else draft.model), input_ids.to(target.device),
-            attention_mask.to(target.device),
+            exact_rows(model), fitted, input_ids.to(target.device), attention_mask.to(target.device),
             mode=opts.mode, gamma=opts.gamma, gamma_schedule=schedule, params=params,
             max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
-            backend=opts.backend, vocab_size=vocab, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
+            backend=opts.backend, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
         )
         for article, tokens, reason in zip(articles[chunk], result.tokens, result.finish_reasons):
             out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, result.stats))
@@ -195,12 +168,14 @@ def summary_text(tokenizer, tokens: list[int], eos: set[int]) -> str:
     return tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()
 
 
-def load_draft(draft_spec: str, target: LoadedModel, progress: bool = True) -> LoadedModel:
-    """The draft for a loaded target: `self:K` shares its first K layers, another model is checked against it."""
-    return drafts.load_draft(draft_spec, target, CAUSAL_LM, self_draft=self_draft_from_spec, progress=progress)
+def load_draft(draft_spec: str, target: LoadedModel, options: SummarizeOptions | None = None, *,
+               progress: bool = True, **overrides) -> Draft:
+    """The draft `draft_spec` names for a loaded target (drafts.build): `self:K` shares its first K layers, another
+    model is checked against it. options (default: the CLI's) with `overrides` say its output layer and weights."""
+    opts = (options or SummarizeOptions()).replace(**overrides)
+    return drafts.build(draft_spec, target, CAUSAL_LM, opts, progress=progress)
 
 
-def load_pair(opts: SummarizeOptions, progress: bool = True) -> tuple[LoadedModel, LoadedModel | None]:
-    """(target, draft) for `opts`; draft is None for autoregressive, `self:K` shares the target's layers,
-    another model is checked against the target (models.check_compatible)."""
-    return drafts.load_pair(opts, CAUSAL_LM, self_draft=self_draft_from_spec, progress=progress)
+def load_pair(opts: SummarizeOptions, progress: bool = True) -> tuple[LoadedModel, Draft | None]:
+    """(target, draft) for `opts`; draft is None for autoregressive (drafts.load_pair)."""
+    return drafts.load_pair(opts, CAUSAL_LM, progress=progress)

@@ -1,0 +1,63 @@
+"""What every verification implementation returns, and the pieces of the contract they share.
+
+Every implementation (reference, baseline, exact, sigmoid; torch or Triton) has one signature,
+
+    fn(draft_tokens, draft, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4) -> Verification
+
+with the shapes of decoding/verify.py: `draft` is what the mode reads of the draft (its probabilities, or its
+logits for baseline and sigmoid), or None for a deterministic draft (q one-hot at the draft tokens). α and β
+are sigmoid's constants (paper eq. 5); the other modes take them and do not read them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from specdec_cli.errors import NonFiniteLogitsError
+
+PAD = -1  # out_tokens after the emitted ones
+
+# error bits a Triton launch leaves in Verification.error (exact._draw_kernel writes them)
+ERRORS = {1: "target logits contain NaN or +inf", 2: "target logits are all -inf in a row: every token is masked"}
+
+
+def triton_backend_name() -> str:
+    """"triton" when kernels compile for a GPU, "triton-interpreter" when they run on the CPU."""
+    return "triton-interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "triton"
+
+
+def raise_for(error: torch.Tensor) -> None:
+    """NonFiniteLogitsError for the error flags of a launch: one host synchronisation, when the caller
+    chooses to read them (the decoding loop reads them with the accepted counts it copies anyway)."""
+    bits = int(error.max()) if error.numel() else 0
+    if bits:
+        raise NonFiniteLogitsError(ERRORS[1] if bits & 1 else ERRORS[2])
+
+
+class Verification(NamedTuple):
+    """One verification step's result."""
+
+    out_tokens: torch.Tensor  # int64 [B, γ+1]: the accepted draft tokens, the resampled or bonus token, then PAD
+    num_accepted: torch.Tensor  # int64 [B]: draft tokens accepted (0..γ)
+    error: torch.Tensor | None = None  # int32 [B]: Triton's error bits, not read yet; None: checked already
+    backend: str = "torch"  # "torch" | "triton" | "triton-interpreter"
+
+    def checked(self) -> Verification:
+        """This result with its error flags read (a host synchronisation): NonFiniteLogitsError when one is set."""
+        if self.error is None:
+            return self
+        raise_for(self.error)
+        return self._replace(error=None)
+
+    def accepted(self) -> list[int]:
+        """num_accepted on the host, with the error flags in the same copy: the step's one host
+        synchronisation. NonFiniteLogitsError when a flag is set."""
+        if self.error is None:
+            return self.num_accepted.tolist()
+        B = self.num_accepted.shape[0]
+        both = torch.cat([self.num_accepted, self.error.to(self.num_accepted.dtype)]).tolist()
+        raise_for(torch.tensor(both[B:]))
+        return both[:B]

@@ -1,0 +1,51 @@
+"""A causal LM as the draft: another model (`--draft MODEL`) or the target's own first layers (`self:K`,
+drafts/layers.py), made cheaper for each batch without changing the output:
+
+    - an output layer over the `head_size` most frequent ids, the batch's prompt ids and EOS (subset_head.py);
+    - int8 weights on a CPU (int8.py).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from specdec_cli.decoding import Batch, Decoder, ModelDraft
+from specdec_cli.drafts.int8 import quantize_draft
+from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
+from specdec_cli.models import LoadedModel, load_compatible
+from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
+from specdec_cli.options import DecodeOptions
+
+
+class CausalDraft(ModelDraft):
+    """A causal LM draft. Fitted to a batch: its output layer scores only `head_size` frequent ids (0: every id)
+    plus the batch's prompt ids and `keep_ids`, and with `quantized` its weights are int8 on a CPU."""
+
+    def __init__(self, loaded: LoadedModel, vocab: int | None, *, head_size: int = 0, keep_ids: Iterable[int] = (),
+                 quantized: bool = False):
+        super().__init__(loaded.model, vocab=vocab)
+        self.loaded = loaded
+        self.head_size, self.keep_ids, self.quantized = head_size, sorted(keep_ids), quantized
+
+    def decoder_for(self, batch: Batch) -> Decoder:
+        if self.head_size > 0:
+            keep = torch.cat([frequent_ids(self.head_size, self.loaded.output_size), batch.input_ids.flatten().cpu(),
+                              torch.tensor(self.keep_ids, dtype=torch.int64)])
+            restrict_head(self.loaded.model, keep)
+        if self.quantized:
+            quantize_draft(self.loaded)
+        return Decoder(self.loaded.model)
+
+
+def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOptions) -> CausalDraft:
+    """`loaded` as the draft of `target`, with the options' output layer and weights (draft_vocab, draft_quantized)."""
+    return CausalDraft(loaded, vocab, head_size=opts.draft_vocab, keep_ids=eos_ids(target),
+                       quantized=opts.draft_quantized)
+
+
+def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: bool = True) -> CausalDraft:
+    """Another causal LM, read in the target's dtype and on its device, checked against the target."""
+    loaded, vocab = load_compatible(draft_spec, target, CAUSAL_LM, progress=progress)
+    return adopt(loaded, target, vocab, opts)
