@@ -26,6 +26,7 @@ import torch
 
 from specdec_cli.bench.machine import cpu_model
 from specdec_cli.bench.runners import data_files
+from specdec_cli.models.causal_lm import eos_ids
 from specdec_cli.options import SummarizeOptions
 from specdec_cli.tasks import summarize as task
 
@@ -34,7 +35,7 @@ def hf_lookup(target, article, opts):
     """transformers' prompt lookup on the same prompt: (tokens, seconds incl. prefill)."""
     ids = task.encode(target.tokenizer, target.model, [article], opts.max_new_tokens, False)[0]
     t0 = time.perf_counter()
-    eos = sorted(task.eos_ids(target.tokenizer, target.model))
+    eos = sorted(eos_ids(target))
     out = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=opts.max_new_tokens,
                                 prompt_lookup_num_tokens=opts.gamma, eos_token_id=eos, pad_token_id=eos[0])
     return out[0, len(ids):].tolist(), time.perf_counter() - t0
@@ -63,7 +64,7 @@ def main():
             o = opts.replace(gamma=int(g)) if g else opts
             if base == "hf-lookup":
                 tokens, wall = hf_lookup(target, article, o)
-                text = target.tokenizer.decode([t for t in tokens if t not in task.eos_ids(target.tokenizer, target.model)],
+                text = target.tokenizer.decode([t for t in tokens if t not in eos_ids(target)],
                                                skip_special_tokens=True).strip()
                 row = {"new_tokens": len(tokens), "wall_s": wall}
             else:

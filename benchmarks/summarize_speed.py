@@ -29,6 +29,7 @@ from specdec_cli.bench.runners import data_files
 from specdec_cli.decoding import SamplingParams, generate
 from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
+from specdec_cli.models.causal_lm import eos_ids
 from specdec_cli.options import SummarizeOptions
 from specdec_cli.tasks import summarize as task
 
@@ -55,12 +56,12 @@ def main():
     target, draft = task.load_pair(pair)
     articles = [task.read_article(p) for p in data_files("summarize", None)][: args.articles or None]
     tok = target.tokenizer
-    eos = task.eos_ids(tok, target.model)
+    eos = eos_ids(target)
     contenders = args.contenders.split(",")
     draft8 = None
     if any(c.endswith("int8") for c in contenders):  # a second copy of the draft, with int8 weights
         _, draft8 = task.load_pair(pair)
-        quantize_draft(draft8)
+        quantize_draft(draft8.loaded)
 
     def run(name, ids, mask):
         d = draft8 if name.endswith("int8") else draft
@@ -76,7 +77,7 @@ def main():
         if "subset" in name:
             restrict_head(d.model, torch.cat([frequent_ids(args.draft_vocab, full_head.weight.shape[0]), ids[0]]))
             if d is draft8:
-                quantize_draft(d)
+                quantize_draft(d.loaded)
         got = generate(
             target.model, None if mode == "autoregressive" else d.model, ids, mask, mode=mode, gamma=args.gamma,
             params=GREEDY, max_new_tokens=args.max_new_tokens, eos_token_ids=eos, draft_stop_below=args.draft_stop,
@@ -139,7 +140,7 @@ def main():
         result = {
             "command": "python benchmarks/summarize_speed.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in ("", None)),
             "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__},
-            "target": target.name, "draft": draft.name, "dtype": str(target.dtype), "gamma": args.gamma,
+            "target": target.name, "draft": draft.loaded.name, "dtype": str(target.dtype), "gamma": args.gamma,
             "draft_vocab": args.draft_vocab, "max_new_tokens": args.max_new_tokens, "articles": [a.name for a in articles],
             "greedy_outputs_identical": not mismatches, "results": rows, "summaries": per_article,
         }

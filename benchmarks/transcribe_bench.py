@@ -51,10 +51,11 @@ from specdec_cli.decoding import SamplingParams, generate
 from specdec_cli.drafts import lean_whisper
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, load_whisper, prompt_ids, special_ids
+from specdec_cli.models.whisper_decoding import WindowDecoder, cross_kv
 from specdec_cli.options import TranscribeOptions
 from specdec_cli.tasks import transcribe as T
 from specdec_cli.tasks.audio import librivox_clips, load_audio, windows
-from specdec_cli.tasks.whisper_scoring import Suppressor, WindowDecoder, cross_kv
+from specdec_cli.tasks.whisper_rules import Suppressor
 
 GREEDY = SamplingParams(temperature=0.0)
 DEFAULTS = TranscribeOptions()
@@ -100,7 +101,7 @@ def agreement(target: LoadedModel, audios, head_sizes) -> list[dict]:
                                 + [(n_layers, n, False) for n in head_sizes]):
             lean, agree = lean_whisper.self_draft(target, f"self:{layers}", n, int4), 0
             for kv, seq, positions, want in cases:
-                d = lean.window(kv, hook)
+                d = lean.lean.window(kv, hook)
                 d.prefill(seq[:, :P], None, positions[:, :P])
                 logits = hook(d._call(seq[:, P:], None, positions[:, P:], 0), positions[:, P:] + 1)[0]  # [L − P, V]
                 agree += int((logits.argmax(-1) == want).sum())

@@ -7,9 +7,11 @@ the autoregressive one.
 import sys
 
 import torch
-from specdec_cli.tasks import transcribe as T
-from specdec_cli.options import TranscribeOptions
+
 from specdec_cli.bench.machine import cpu_model
+from specdec_cli.options import TranscribeOptions
+from specdec_cli.tasks import transcribe as T
+
 wav = sys.argv[1]
 opts = TranscribeOptions()
 target, self_draft = T.load_pair(opts, progress=False)

@@ -29,10 +29,7 @@ def verify_baseline(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None
     cols = torch.arange(gamma, device=draft_tokens.device)[None, :]  # [1, γ]
     # the full softmax of the target, as transformers does
     V = target_logits.shape[-1]
-    if draft_probs is None:
-        q = torch.nn.functional.one_hot(draft_tokens, V).float()  # [B, γ, V]
-    else:
-        q = draft_probs.float()  # [B, γ, V]
+    q = torch.nn.functional.one_hot(draft_tokens, V).float() if draft_probs is None else draft_probs.float()  # [B, γ, V]
     p = (target_logits.float() / temperature).softmax(dim=-1)  # [B, γ+1, V]
     if torch.isnan(p).any():
         raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")

@@ -28,7 +28,6 @@ elementwise, so stage 1 is not needed at all.
 """
 
 import math
-from typing import Optional
 
 import torch
 import triton
@@ -36,7 +35,7 @@ import triton.language as tl
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from .contract import ERRORS, PAD, Verification, triton_backend_name
+from .contract import PAD, Verification, triton_backend_name
 from .draw import assemble, draw_from_weights
 
 # ----------------------------------------------------------------------------------------------------
@@ -70,8 +69,7 @@ def verify_exact_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     inv_t = 1.0 / temperature
     x = draft_tokens[..., None]  # [B, γ, 1]
     z_x = target_logits[:, :gamma].gather(-1, x)[..., 0].double().mul(inv_t).tolist()  # [B][γ] z(x)/T
-    one_hot = draft_probs is None
-    q_x = [[1.0] * gamma] * B if one_hot else draft_probs.gather(-1, x)[..., 0].double().tolist()  # [B][γ] q(x)
+    q_x = [[1.0] * gamma] * B if draft_probs is None else draft_probs.gather(-1, x)[..., 0].double().tolist()  # [B][γ] q(x)
     u = uniforms.double().tolist()  # [B][γ+1]
     n = []  # [B] first rejection, γ if none
     weights = torch.empty(B, V, dtype=torch.float32, device=target_logits.device)  # the draw's, row n
@@ -87,7 +85,7 @@ def verify_exact_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
         p = (p * inv_t if inv_t != 1.0 else p).sub(lse).exp_()  # [V]
         if c == gamma:
             weights[b] = p  # the bonus row
-        elif one_hot:  # max(0, p − onehot(x)) = p with x removed
+        elif draft_probs is None:  # one-hot: max(0, p − onehot(x)) = p with x removed
             weights[b] = p
             weights[b, int(draft_tokens[b, c])] = 0.0
         else:
@@ -208,6 +206,9 @@ def _accept_weights_kernel(
     SIGMOID: tl.constexpr,
     ONE_HOT: tl.constexpr,  # a deterministic draft: q one-hot at the draft tokens (exact only)
 ):
+    """Stage 2 (grid (B, SPLITS)): each row's lse, accept/reject from gathered scalars, the first rejection n, and
+    Σ of the draw's weights over one split of row n. Long: its 28 arguments take a line each, and the stage is
+    one launch (its parts share registers; the per-tile math is in _tile and _weight)."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     c = tl.arange(0, GAMMA_P2)  # draft positions (γ is the bonus row)
@@ -309,6 +310,8 @@ def _draw_kernel(
     SIGMOID: tl.constexpr,
     ONE_HOT: tl.constexpr,
 ):
+    """Stage 3 (grid (B,)): the drawn token, the out_tokens row and the error flags of one sequence. Long: its
+    28 arguments take a line each, and the stage is one launch."""
     # inverse CDF in two levels: the split where Σ reaches u·total, then the token inside it
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(n_ptr + b)
@@ -366,7 +369,7 @@ ERR_NONFINITE: tl.constexpr = tl.constexpr(1)  # error bits of _draw_kernel (con
 ERR_ALL_MASKED: tl.constexpr = tl.constexpr(2)
 
 
-def _plan(V: int, rows: int, device: torch.device, interpreted: bool, sms: int | None = None):
+def _plan(V: int, rows: int, device: torch.device | None, interpreted: bool, sms: int | None = None):
     """BLOCK, SPLITS and the chunk of the vocabulary each split covers (a multiple of BLOCK). sms: the
     streaming multiprocessors to fill (default: the device's), so that a plan can be made for a GPU this
     machine does not have (compile.py)."""
@@ -398,7 +401,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     assert not (one_hot and sigmoid), "sigmoid needs the draft's logits"
     draft = draft_tokens[:, :, None] if one_hot else draft  # never read with ONE_HOT: a pointer of the right kind
     assert one_hot or draft.shape == (B, gamma, V), "shape mismatch"
-    assert target_logits.shape == (B, gamma + 1, V) and uniforms.shape == (B, gamma + 1) and 1 <= gamma
+    assert target_logits.shape == (B, gamma + 1, V) and uniforms.shape == (B, gamma + 1) and gamma >= 1
     draft, target_logits = _last_dim_contiguous(draft), _last_dim_contiguous(target_logits)
     uniforms = uniforms.float()
     device = target_logits.device
@@ -440,7 +443,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
 # The Triton verification as a torch custom op, so that torch.compile and CUDA graphs can hold it: the fake
 # implementation gives the shapes without running anything.
 @torch.library.custom_op("specdec::verify_triton", mutates_args=())
-def verify_triton_op(draft_tokens: torch.Tensor, draft: Optional[torch.Tensor], target_logits: torch.Tensor,
+def verify_triton_op(draft_tokens: torch.Tensor, draft: torch.Tensor | None, target_logits: torch.Tensor,
                      uniforms: torch.Tensor, temperature: float, sigmoid: bool, alpha: float,
                      beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return launch(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid=sigmoid, alpha=alpha, beta=beta)

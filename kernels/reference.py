@@ -84,7 +84,7 @@ def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:
     """Temperature 0, the limit of the rule: accept while the draft token is the target's argmax,
     then emit the target's argmax. Shapes as above; ties go to the lowest token id (torch.argmax)."""
-    B, gamma = draft_tokens.shape
+    gamma = draft_tokens.shape[1]
     best = target_logits.argmax(dim=-1)  # [B, γ+1]
     matches = (draft_tokens == best[:, :gamma]).to(torch.int64)  # [B, γ]
     num_accepted = matches.cumprod(dim=1).sum(dim=1)  # [B] length of the agreeing prefix

@@ -179,7 +179,7 @@ def check() -> list[str]:
     def need(what: str, ok) -> None:
         try:
             found = ok()
-        except Exception as e:  # noqa: BLE001 - any failure means the internal moved
+        except Exception as e:
             found, what = False, f"{what} ({type(e).__name__}: {e})"
         if not found:
             problems.append(what)

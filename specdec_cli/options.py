@@ -100,7 +100,29 @@ def dtype_name(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------
+# An option: its default, its help, and how the CLI spells it
+
+
+def option(default, help: str = "", *, flag: str | None = None):
+    """A dataclass field that is a CLI option: `flag` is its Typer declaration (default: --field-name, with
+    --no-field-name for a bool). A subclass that only changes the default may write it plainly: the help stays
+    the base class's (help_of)."""
+    return dataclasses.field(default=default, metadata={"help": help, "flag": flag})
+
+
+def help_of(cls: type, name: str) -> tuple[str, str | None]:
+    """(help, flag) of option `name` of `cls`: the nearest class in its MRO that gives them."""
+    for klass in cls.__mro__:
+        f = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if f is not None and f.metadata.get("help"):
+            return f.metadata["help"], f.metadata.get("flag")
+    return "", None
+
+
+# ----------------------------------------------------------------------------------------------------
 # The options of a decoding command
+
+_DRAFT_CHEAPER = "a cheaper draft, the same output"
 
 
 @dataclass(frozen=True)
@@ -108,25 +130,29 @@ class DecodeOptions:
     """What `summarize` and `transcribe` take, besides their inputs. Each field is the CLI option of that
     name (`max_new_tokens` is --max-new-tokens)."""
 
-    target: str = "embedded"  # a model spec: embedded[:NAME], a directory, a .gguf file, a hub id
-    draft: str = "embedded"  # as target, or self / self:K / self:0-2,4 (drafts.spec)
-    mode: str = "exact"
-    gamma: int = 5  # draft tokens per round: the constant γ, heuristic's start, auto's upper bound
-    gamma_schedule: str = "constant"  # auto: γ in [0, --gamma] from measured costs; heuristic: +2 / −1
-    temperature: float = 0.0  # 0 = greedy: token for token the target alone's output
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    seed: int = 0
-    max_new_tokens: int = 100
-    batch_size: int = 1
-    device: str = "auto"
-    dtype: str = "auto"
-    backend: str = "auto"
-    alpha: float = -1e4  # sigmoid: p̂ = σ((z − α)/(β − α))
-    beta: float = 1e4
-    draft_vocab: int = 0  # score only this many frequent tokens (+ the prompt's) in the draft's head; 0 = all
-    draft_stop: float = 0.0  # end a round's drafting once the draft gives its token less than this
-    draft_quantized: bool = False  # low-bit draft weights on a CPU (summarize: int8, transcribe: int4)
+    target: str = option("embedded", "Target model: embedded, a Hugging Face id, a local directory, or a .gguf file.")
+    draft: str = option("embedded", "Draft model: as --target, or self:K (the target's own first K layers).")
+    mode: str = option("exact", " | ".join(MODES))
+    gamma: int = option(5, f"Draft tokens per step (γ, 1..{MAX_GAMMA}); under auto the most tried.")
+    gamma_schedule: str = option("constant", "auto (γ in 0..--gamma from this machine's measured costs; 0 = a plain "
+                                 "step; sampled tokens then vary run to run, their distribution does not) | constant "
+                                 "| heuristic (+2 when all accepted, −1 otherwise).")
+    temperature: float = option(0.0, "0 = greedy: output identical to the target alone.")
+    top_k: int = option(0, "Keep the k most likely tokens (0 = off).")
+    top_p: float = option(1.0, "Nucleus sampling mass in (0, 1] (1 = off).")
+    seed: int = option(0, "Random seed.")
+    max_new_tokens: int = option(100, "Never generate more than this many tokens per input.")
+    batch_size: int = option(1, "Inputs decoded together.")
+    device: str = option("auto", "auto | cpu | cuda")
+    dtype: str = option("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CPUs that have it).")
+    backend: str = option("auto", "Kernel backend for exact/sigmoid: auto | torch | triton.")
+    alpha: float = option(-1e4, "Sigmoid approximation: lower logit constant α (paper eq. 5).")
+    beta: float = option(1e4, "Sigmoid approximation: upper logit constant β (paper eq. 5).")
+    draft_vocab: int = option(0, "Score only this many of the most frequent tokens (+ the prompt's) in the draft's "
+                              f"output layer: {_DRAFT_CHEAPER}. 0 = the full vocabulary.")
+    draft_stop: float = option(0.0, "End a round's drafting early once the draft gives its token less than this "
+                               "probability (0 = always draft γ); the output stays the target's.")
+    draft_quantized: bool = option(False, f"Give the draft low-bit weights (CPU only): {_DRAFT_CHEAPER}.")
 
     @property
     def speculative(self) -> bool:
@@ -163,15 +189,22 @@ class DecodeOptions:
 # Xeon; benchmarks/README.md), the 32 768-token draft head and int8 draft weights likewise.
 @dataclass(frozen=True)
 class SummarizeOptions(DecodeOptions):
+    draft: str = option("embedded", "Draft model: as --target, or self:K (the target's own first K layers); lookup "
+                        "(prompt lookup, no model: the tokens that followed the longest tail seen earlier in the "
+                        "article; lookup:N for tails of N tokens at most); lookup+DRAFT (lookup where a tail matches, "
+                        "DRAFT elsewhere).")
     gamma: int = 4
     gamma_schedule: str = "auto"
     draft_vocab: int = 32768
     draft_stop: float = 0.4
-    draft_quantized: bool = True  # int8 (drafts/int8.py)
-    truncate: bool = False  # cut an article too long for the model's context instead of refusing it
+    draft_quantized: bool = option(True, f"Give the draft int8 weights (CPU only): {_DRAFT_CHEAPER}.",
+                                   flag="--draft-int8/--no-draft-int8")  # drafts/int8.py
+    truncate: bool = option(False, "Cut articles too long for the model's context instead of refusing them, to "
+                            "--max-input-tokens.")
     # with --truncate, the prompt tokens kept: the embedded pair reads 2048 tokens in ~46 s on 2 cores (an AMD
     # EPYC, bf16; 1024 in ~16 s, 512 in ~9 s), the whole 32 768-token context would take well over 10 minutes
-    max_input_tokens: int = 2048
+    max_input_tokens: int = option(2048, "With --truncate: the prompt tokens kept (a long prompt takes long to read "
+                                   "on a CPU).")
 
     def validate(self):
         super().validate()
@@ -201,22 +234,38 @@ class SummarizeOptions(DecodeOptions):
 # runs. 16384 over 32768: faster on the long recording, as fast elsewhere; 8192 misses too many rare words.
 @dataclass(frozen=True)
 class TranscribeOptions(DecodeOptions):
-    draft: str = "self"
+    target: str = option("embedded", "Whisper target: embedded (Whisper base), embedded:tiny.en, a Hugging Face id, "
+                         "or a local directory.")
+    draft: str = option("self", "self (the target's own decoder weights, int4, with a reduced output layer, in a lean "
+                        "decoding step), self:K (its first K layers), self:0-2,4 (those layers), or another Whisper "
+                        "model with the same vocabulary; lookup (prompt lookup within each window: no model) or "
+                        "lookup+DRAFT.")
     gamma: int = 10
     gamma_schedule: str = "auto"
-    max_new_tokens: int = 224  # per 30 s window
-    draft_vocab: int = 16384
+    max_new_tokens: int = option(224, "Never generate more than this many tokens per 30 s window.")
+    batch_size: int = option(1, "30 s windows decoded together.")
+    draft_vocab: int = option(16384, "The draft's output layer scores only the token ids below this (+ end of text, "
+                              "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
+                              "full vocabulary.")
     draft_stop: float = 0.8
-    draft_quantized: bool = True  # int4 (drafts/int4.py)
-    language: str = "auto"  # detected per file (English-only models: en), or a code: en, de, fr, ...
-    task: str = "transcribe"  # or translate (into English; multilingual models only)
-    no_speech_threshold: float = 0.6  # P(<|nospeech|>) above this: the window is silence (OpenAI's default)
-    timestamps: bool = False  # decode Whisper's timestamp tokens: timed segments (on for TIMED_FORMATS)
-    output_format: str = "txt"  # one of OUTPUT_FORMATS
+    draft_quantized: bool = option(True, f"Give the self draft int4 weights (CPU only): {_DRAFT_CHEAPER}.",
+                                   flag="--draft-int4/--no-draft-int4")  # drafts/int4.py
+    language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
+                           "fr, ...")
+    task: str = option("transcribe", "transcribe | translate (into English; multilingual models only).", flag="--task")
+    no_speech_threshold: float = option(0.6, "A window whose probability of no speech is above this is silence "
+                                        "(nothing is decoded there).")  # OpenAI's default
+    timestamps: bool = option(False, "Decode Whisper's timestamp tokens: segments with start and end times (on for "
+                              "srt, vtt, tsv).", flag="--timestamps")
+    output_format: str = option("txt", f"{' | '.join(OUTPUT_FORMATS)}: to stdout for one input, or one file per "
+                                "input with --output-dir.")
     # int8 weights for the target's decoder linears and output layer on a CPU (models/int8.py; the encoder stays:
     # int8 did not make it faster): faster, and no longer the unmodified model (measured against it by WER and
     # identical transcripts: benchmarks/README.md). Off: the default is the model itself.
-    target_int8: bool = False
+    target_int8: bool = option(False, "Give the target int8 weights in its decoder linear layers and output layer "
+                               "(CPU only; the encoder stays): faster, but no longer the unmodified model (its output "
+                               "may differ from the default's; speculative decoding then reproduces the int8 "
+                               "target's own output).")
 
     def __post_init__(self):
         object.__setattr__(self, "language", (self.language or "auto").strip().lower())
@@ -227,4 +276,94 @@ class TranscribeOptions(DecodeOptions):
         super().validate()
         one_of("--task", self.task, WHISPER_TASKS)
         one_of("--output-format", self.output_format, OUTPUT_FORMATS)
+        if not 0.0 <= self.no_speech_threshold <= 1.0:
+            raise SpecdecError(f"--no-speech-threshold must be in [0, 1] (got {self.no_speech_threshold})")
         return self
+
+
+# ----------------------------------------------------------------------------------------------------
+# The options of bench and verify-kernel, as the CLI takes them (bench/config.py builds a run from them)
+
+_S, _T = SummarizeOptions(), TranscribeOptions()
+
+
+def _task_help(name: str, what: str = "") -> str:
+    """A task option's help in bench: the tasks' own help, and each task's default."""
+    help_text = what or help_of(SummarizeOptions, name)[0] or help_of(TranscribeOptions, name)[0]
+    defaults = [f"{t} {getattr(o, name)}" for t, o in (("summarize", _S), ("transcribe", _T)) if hasattr(o, name)]
+    return f"A task's --{name.replace('_', '-')}, as for specdec summarize|transcribe: {help_text} (default: {', '.join(defaults)})."
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `specdec bench` takes: the grids as comma-separated lists; a task's decoding options left None are
+    the task's own defaults (SummarizeOptions, TranscribeOptions)."""
+
+    task: str = option("synthetic", "synthetic | summarize | transcribe")
+    vocab: str = option("32000,151936", "Vocabulary sizes V, comma-separated (synthetic).")
+    gamma: str = option("1,5,10", f"Draft lengths γ, comma-separated (1..{MAX_GAMMA}).")
+    batch: str = option("1,8", "Batch sizes B, comma-separated (a decoding task runs at the smallest).")
+    modes: str = option("baseline,exact,sigmoid,hf", "Comma-separated: baseline, exact, sigmoid, and (synthetic only) "
+                        "hf, transformers' own (B = 1), and flashinfer (a CUDA GPU with FlashInfer). A task always runs "
+                        "autoregressive too.")
+    device: str = option("auto", "auto | cpu | cuda")
+    dtype: str | None = option(None, "synthetic: the logits' dtype, float32 (default) | bfloat16 | float16; a task: "
+                               "the models' dtype, auto (default) or one of those.")
+    overlap: float = option(0.8, "Synthetic draft/target overlap Σ min(p, q), i.e. the expected α.")
+    repeat: int | None = option(None, "synthetic: timed calls per provider (default 50; more while under 0.1 s). A "
+                                "task: passes over the inputs per (γ, mode), the fastest kept (default 1).")
+    backend: str = option(DecodeOptions.backend, help_of(DecodeOptions, "backend")[0])
+    alpha: float = option(DecodeOptions.alpha, help_of(DecodeOptions, "alpha")[0])
+    beta: float = option(DecodeOptions.beta, help_of(DecodeOptions, "beta")[0])
+    seed: int = option(DecodeOptions.seed, help_of(DecodeOptions, "seed")[0])
+    threads: str | None = option(None, "torch intra-op threads (default: torch's, one per core); a task sweeps a "
+                                 "list, e.g. 1,all.")
+    gamma_schedule: str | None = option(None, f"A task's γ schedules, comma-separated: {', '.join(GAMMA_SCHEDULES)}; "
+                                        "each runs at every --gamma (auto: its upper bound). Default: auto,constant.")
+    data: str | None = option(None, "A task's inputs: a directory of articles (*.txt) or audio, or with an articles/ "
+                              "or audio/ folder; <name>.ref.txt beside an input is its reference. Default: the "
+                              "examples shipped with specdec (transcribe: the LibriVox clips of pocketsphinx-testdata "
+                              "when installed).")
+    limit: int | None = option(None, "A task: only the first N inputs.")
+    target: str | None = option(None, _task_help("target", "the target model"))
+    draft: str | None = option(None, _task_help("draft", "the draft model"))
+    draft_vocab: str | None = option(None, _task_help("draft_vocab", "the draft's output layer sizes, comma-separated "
+                                                      "(0 = full)"))
+    draft_quantized: str | None = option(None, "A task's draft weights: on (summarize int8, transcribe int4; the "
+                                         "default), off, or on,off to compare.")
+    target_int8: str | None = option(None, "transcribe: the target's weights: off (the default: the model itself), on "
+                                     "(int8 decoder linears and output layer, as specdec transcribe --target-int8), or "
+                                     "off,on to compare.")
+    peers: str | None = option(None, "Other tools run beside, on the same inputs and threads, comma-separated: "
+                               "faster-whisper (transcribe; pip install 'specdec-cli[peers]'; float32 and int8, fed the "
+                               "embedded Whisper's CTranslate2 files); hf-assisted (summarize; transformers' generate() "
+                               "with the draft as assistant_model, and with prompt_lookup_num_tokens). One that is not "
+                               "installed is skipped with one line.")
+    draft_stop: float | None = option(None, _task_help("draft_stop"))
+    max_new_tokens: int | None = option(None, _task_help("max_new_tokens", "new tokens per input (transcribe: per "
+                                                         "30 s window)"))
+    language: str | None = option(None, _task_help("language", "the language; --peers run with it too"))
+    temperature: float | None = option(None, "A task: 0 = greedy (default; every mode then verifies by argmax match), "
+                                       "> 0 samples and compares the verifications.")
+    out: str | None = option(None, "Write every figure, the command line and the machine as JSON.")
+    csv: str | None = option(None, "Write one CSV row per (grid point, mode).")
+    plot: str | None = option(None, "Write PNG plots into this directory.")
+
+
+@dataclass(frozen=True)
+class KernelCheckOptions:
+    """What `specdec verify-kernel` takes."""
+
+    mode: str = option("exact", "exact | sigmoid")
+    vocab: int = option(32000, "Vocabulary size of the random cases.")
+    gamma: int = option(5, help_of(DecodeOptions, "gamma")[0])
+    batch: int = option(4, "Sequences per step.")
+    samples: int = option(100_000, "Draws for the distribution test.")
+    cases: int = option(8, "Random cases checked decision for decision.")
+    alpha: float = option(DecodeOptions.alpha, help_of(DecodeOptions, "alpha")[0])
+    beta: float = option(DecodeOptions.beta, help_of(DecodeOptions, "beta")[0])
+    device: str = option("auto", "auto | cpu | cuda")
+    seed: int = option(0, "Random seed.")
+    compile_for: str | None = option(None, "sm_80 | sm_90: compile every kernel of the mode for that GPU, here, "
+                                     "without one; report registers, spills, shared memory.")
+

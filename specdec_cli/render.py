@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from pathlib import Path
 
@@ -55,9 +56,13 @@ def _fmt(v):
     return str(v)
 
 
-def kernel_report(report) -> None:
+def kernel_report(report, as_json: bool = False) -> None:
+    """verify-kernel's report: its checks and figures (stderr), or one JSON object (stdout)."""
     from specdec_cli.decoding import VERIFIERS
 
+    if as_json:
+        print(json.dumps(report.to_dict()))
+        return
     t = Table(title=f"verify-kernel --mode {report.mode}  ({report.backend}, {report.device})")
     t.add_column("check")
     t.add_column("result")
@@ -82,7 +87,11 @@ def kernel_report(report) -> None:
     err.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
 
 
-def compile_report(report) -> None:
+def compile_report(report, as_json: bool = False) -> None:
+    """verify-kernel --compile-for: what ptxas said of every kernel (stderr), or one JSON object (stdout)."""
+    if as_json:
+        print(json.dumps(report.to_dict()))
+        return
     """One row per compiled kernel: what ptxas and Triton report."""
     t = Table(title=f"verify-kernel --mode {report.mode} --compile-for {report.arch}", box=box.SIMPLE_HEAD,
               pad_edge=False, show_edge=False, collapse_padding=True)
@@ -153,6 +162,37 @@ def result_json(result, device: str) -> dict:
         "finish_reason": result.finish_reason,
         "stats": {k: stats.get(k) for k in STAT_FIELDS} | {k: v for k, v in stats.items() if k not in STAT_FIELDS},
     }
+
+
+def results(items, *, as_json: bool, device: str, title: str, text: bool = True) -> None:
+    """Texts to stdout (none when text=False: they went to files), or one JSON object per input; the stats
+    table to stderr."""
+    for r in items:
+        if as_json:
+            print(json.dumps(result_json(r, device)), flush=True)
+        elif text:
+            if len(items) > 1:
+                print(f"==> {r.input} <==")
+            print(r.text, flush=True)
+    if not as_json:
+        stats_table(items, device=device, title=title)
+
+
+def transcripts(items, opts, *, as_json: bool, device: str, to_files: bool) -> None:
+    """transcribe's results: as `results` for plain text, JSON or files written; else each in its
+    --output-format on stdout (with --timestamps, txt is timed), then the stats table."""
+    from specdec_cli.tasks import formats
+
+    title = f"transcribe --mode {opts.mode}"
+    if to_files or (opts.output_format == "txt" and not opts.timestamps):
+        results(items, as_json=as_json, device=device, title=title, text=not to_files)
+        return
+    for r in items:
+        if len(items) > 1:
+            print(f"==> {r.input} <==")
+        print(formats.render(r, opts.output_format, timestamps=opts.timestamps, header=result_json(r, device)),
+              end="", flush=True)
+    stats_table(items, device=device, title=title)
 
 
 def stats_table(results, *, device: str, title: str) -> None:
@@ -237,6 +277,16 @@ def _cell(key: str, v) -> str:
     if isinstance(v, int) and key == "vocab":
         return f"{v:,}"
     return str(v)
+
+
+def bench_results(measured, *, as_json: bool, new_warnings) -> None:
+    """A bench run: one JSON object (stdout) or the table (stderr), then the warnings the run itself raised."""
+    if as_json:
+        print(json.dumps(measured.to_dict()), flush=True)
+    else:
+        bench_table(measured)
+    for w in new_warnings:
+        warn(w)
 
 
 def bench_table(results) -> None:

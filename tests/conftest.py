@@ -9,11 +9,20 @@ import copy
 import os
 from pathlib import Path
 
+# isort: off
 import specdec_cli  # noqa: F401 - first: it chooses Triton's interpreter before torch or transformers import Triton
+# isort: on
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.decoding import generate

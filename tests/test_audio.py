@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from specdec_cli.errors import SpecdecError
 from specdec_cli.tasks.audio import (
     SAMPLE_RATE,
     frame_energy,
@@ -18,7 +19,6 @@ from specdec_cli.tasks.audio import (
     reference_for,
     windows,
 )
-from specdec_cli.errors import SpecdecError
 
 REPO = Path(__file__).resolve().parents[1]
 CLIPS = librivox_clips()

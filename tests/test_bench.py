@@ -15,7 +15,6 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import torch_threads
-
 from specdec_cli import options
 from specdec_cli.bench import config, contenders, harness, machine, runners, synthetic
 from specdec_cli.bench.results import BenchResults
@@ -396,7 +395,7 @@ def test_summarize_arithmetic(summarize_run):
         assert x["cost_ratio"] == pytest.approx(c)
         assert x["pass_ratio"] == pytest.approx(x["target_ms_per_forward"] / ar["target_ms_per_forward"])
         # rounds never draft past γ (constant: γ, fewer where the draft stops early or the end is near)
-        assert 0 < sum(x["rounds_per_gamma"]) and len(x["rounds_per_gamma"]) <= g + 1
+        assert sum(x["rounds_per_gamma"]) > 0 and len(x["rounds_per_gamma"]) <= g + 1
         if x["schedule"] == "auto":  # what it measured is in the record; no one γ to predict for
             assert x["alpha"] == x["measured"]["alpha"] and x["predicted_speedup"] is None
         if x["schedule"] == "constant" and 0 < x["mean_accepted_per_call"] < g:
@@ -482,8 +481,8 @@ def test_transcribe_wer_wiring(tmp_path):
     import jiwer
     import soundfile as sf
 
-    from specdec_cli.bench.metrics import normalize_text
     from conftest import save_tiny_whisper
+    from specdec_cli.bench.metrics import normalize_text
 
     model = save_tiny_whisper(tmp_path / "whisper")
     data = tmp_path / "clips"
@@ -615,7 +614,7 @@ def test_aggregate_end_to_end_and_peers():
     recs = contenders.aggregate([rec("autoregressive", 4.0, ["a", "b"]), rec("exact", 2.0, ["a", "b"]),
                                  rec("autoregressive", 3.0, ["a", "c"], int8=True), rec("exact", 1.0, ["a", "d"], int8=True),
                                  rec("faster-whisper int8", 5.0, ["x", "b"], peer="faster-whisper")])
-    ar, ex, ar8, ex8, fw = recs
+    _, ex, ar8, ex8, fw = recs
     assert [r.end_to_end_speedup for r in recs] == pytest.approx([1.0, 2.0, 4 / 3, 4.0, 0.8])
     assert (ex.speedup, ex8.speedup) == pytest.approx((2.0, 3.0))  # each against its own target's autoregressive
     assert (ar8.speedup, fw.speedup) == (None, None)

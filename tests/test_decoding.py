@@ -13,8 +13,18 @@ import pytest
 import torch
 
 from conftest import (
-    GREEDY, PROMPT, ROOT, PROMPTS, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair,
-    sample_many, sample_one_by_one, torch_threads,
+    GREEDY,
+    PROMPT,
+    PROMPTS,
+    ROOT,
+    autoregressive,
+    exact_first_two,
+    first_two_pvalue,
+    left_pad,
+    make_pair,
+    sample_many,
+    sample_one_by_one,
+    torch_threads,
 )
 from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate
 from specdec_cli.decoding.sampling import SamplingParams

@@ -10,7 +10,6 @@ from specdec_cli.drafts.spec import self_layers
 from specdec_cli.errors import SpecdecError
 from specdec_cli.tasks.summarize import load_draft
 
-
 # --------------------------------------------------------------------------------------------------
 # self:K drafts
 

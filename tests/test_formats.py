@@ -16,7 +16,7 @@ from conftest import save_tiny_whisper
 from specdec_cli.cli import app
 from specdec_cli.tasks import formats
 from specdec_cli.tasks.audio import SAMPLE_RATE
-from specdec_cli.tasks.transcribe import Transcript, TranscribeStats
+from specdec_cli.tasks.transcribe import TranscribeStats, Transcript
 
 runner = CliRunner()
 TIMES = [f"<|{i * 0.02:.2f}|>" for i in range(60)]

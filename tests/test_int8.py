@@ -6,13 +6,12 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import GREEDY, PROMPT, autoregressive, make_pair
 from specdec_cli.decoding import generate
-from specdec_cli.drafts.subset_head import SubsetHead, frequent_ids, restrict_head
 from specdec_cli.drafts.int8 import GEMV_ROWS, Int8Linear, quantize_draft
 from specdec_cli.drafts.layers import self_draft
+from specdec_cli.drafts.subset_head import SubsetHead, frequent_ids, restrict_head
 from specdec_cli.models import LoadedModel
-
-from conftest import GREEDY, PROMPT, autoregressive, make_pair
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -73,4 +72,4 @@ def test_greedy_output_unchanged_with_an_int8_draft(mode, gamma):
     want = autoregressive(target, PROMPT, n=24).tokens
     got = generate(target, d.model, PROMPT, mode=mode, gamma=gamma, params=GREEDY, max_new_tokens=24)
     assert got.tokens == want
-    assert 0 < got.stats.acceptance_rate
+    assert got.stats.acceptance_rate > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+
 # highest first; a module may import its own layer and the layers below it, never one above
 LAYERS = ["cli", "bench", "tasks", "drafts", "models", "decoding", "kernels", "base"]
 BASE = {"specdec_cli", "specdec_cli.errors", "specdec_cli.options", "specdec_cli.internals"}
@@ -110,3 +111,22 @@ def test_private_internals_are_used_only_behind_the_door(needle):
     users = sorted(str(p.relative_to(ROOT)) for m, p in MODULES.items()
                    if m != "specdec_cli.internals" and pattern.search(p.read_text()))
     assert not users, f"{needle!r} is used outside specdec_cli/internals.py: {users}"
+
+
+LONGEST = 60  # lines of code in a function (its docstring left out) before it must say why
+
+
+def test_no_long_function_without_a_reason():
+    """A function longer than LONGEST lines of code says why in its docstring ("Long ..."); none other is."""
+    long = []
+    for path in sorted(MODULES.values()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            lines = node.end_lineno - node.lineno + 1
+            doc = ast.get_docstring(node) or ""
+            if doc:
+                lines -= node.body[0].end_lineno - node.body[0].lineno + 1
+            if lines > LONGEST and "Long" not in doc:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over ~60 lines with no reason in their docstring:\n" + "\n".join(long)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from conftest import GREEDY, autoregressive, exact_first_two, first_two_pvalue, left_pad, make_pair, sample_many
-from specdec_cli.decoding import SamplingParams, generate
-from specdec_cli.decoding import as_draft
+from specdec_cli.decoding import SamplingParams, as_draft, generate
 from specdec_cli.drafts.lookup import Lookup, LookupThen, continuation
 
 

@@ -4,7 +4,6 @@ import pytest
 
 from specdec_cli.bench.metrics import corpus_rouge, normalize_text, rouge, wer
 
-
 # ---------------------------------------------------------------------------------------------- WER
 
 def test_wer_one_substitution_in_four_words():

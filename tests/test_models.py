@@ -12,11 +12,19 @@ from transformers import AutoModelForCausalLM
 from conftest import WORDS, ids_for, save_tiny
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import (
-    EMBEDDED, cache, causal_lm, check_compatible, cpu_has_fast_bf16, load_causal_lm, resolve_device, resolve_dtype,
+    EMBEDDED,
+    cache,
+    causal_lm,
+    check_compatible,
+    cpu_has_fast_bf16,
+    load_causal_lm,
+    loading,
+    resolve_device,
+    resolve_dtype,
 )
-from specdec_cli.models import loading
 from specdec_cli.models.causal_lm import EmbeddedModel
 from specdec_cli.tasks.summarize import load_draft
+
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
@@ -114,7 +122,7 @@ def test_directory_without_a_model(tmp_path):
     with pytest.raises(SpecdecError, match="not a model directory"):
         load_causal_lm(str(tmp_path), progress=False)
     (tmp_path / "notes.txt").write_text("hi")
-    with pytest.raises(SpecdecError, match="neither a model directory nor a .gguf file"):
+    with pytest.raises(SpecdecError, match=r"neither a model directory nor a \.gguf file"):
         load_causal_lm(str(tmp_path / "notes.txt"), progress=False)
 
 
@@ -256,7 +264,7 @@ def test_failed_cache_build_leaves_nothing(tmp_path, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(causal_lm, "_dequantize_gguf", explode)
-    with pytest.raises(SpecdecError, match="cannot load GGUF file .*: boom"):
+    with pytest.raises(SpecdecError, match=r"cannot load GGUF file .*: boom"):
         load_causal_lm(str(gguf), progress=False)
     assert list(cache.models_dir().iterdir()) == []
 

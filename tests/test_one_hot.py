@@ -4,13 +4,13 @@ the one-hot tensor written out, and the emitted tokens against the target's dist
 
 import pytest
 import torch
+from test_verify import EXACT, assert_fits_target, assert_same, make_case
 
 from conftest import DEVICE
 from specdec_cli.decoding.verify import verify
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels.exact import verify_exact_torch
 from specdec_cli.kernels.reference import verify_reference
-from test_verify import EXACT, assert_fits_target, assert_same, make_case
 
 IMPLS = {"reference": verify_reference, **EXACT}
 
@@ -74,7 +74,7 @@ def test_a_one_hot_target_at_the_draft_token_always_accepts(impl):
 
 def test_sigmoid_refuses_a_deterministic_draft_in_one_line():
     tokens, target, u = one_hot_case(1, 2, 10, seed=6)
-    with pytest.raises(SpecdecError, match="sigmoid.*lookup") as e:
+    with pytest.raises(SpecdecError, match=r"sigmoid.*lookup") as e:
         verify("sigmoid", tokens, None, target, u)
     assert "\n" not in str(e.value)
 

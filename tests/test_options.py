@@ -12,8 +12,6 @@ from specdec_cli.cli import app
 from specdec_cli.decoding import generate
 from specdec_cli.errors import SpecdecError
 
-# CLI parameter -> options field, where the names differ
-RENAMED = {"draft_int8": "draft_quantized", "draft_int4": "draft_quantized", "task_name": "task"}
 NOT_OPTIONS = {"articles", "audio", "as_json", "output_dir", "skip_existing"}  # inputs, where outputs go (options.check_output)
 
 
@@ -29,10 +27,34 @@ def test_the_cli_shows_and_uses_the_options_defaults(name, cls):
     for p in params.values():
         if p.name in NOT_OPTIONS:
             continue
-        field = RENAMED.get(p.name, p.name)
-        assert p.default == getattr(defaults, field), f"specdec {name} --{p.name.replace('_', '-')}"
-        seen.add(field)
-    assert seen == {f.name for f in dataclasses.fields(cls)} - {"no_speech_threshold"}, "every option is on the CLI"
+        assert p.default == getattr(defaults, p.name), f"specdec {name} --{p.name.replace('_', '-')}"
+        seen.add(p.name)
+    assert seen == {f.name for f in dataclasses.fields(cls)}, "every option is on the CLI"
+
+
+@pytest.mark.parametrize("name, cls, flag", [("summarize", options.SummarizeOptions, "--no-draft-int8"),
+                                             ("transcribe", options.TranscribeOptions, "--no-draft-int4")])
+def test_the_cli_hands_the_library_the_options_it_parsed(monkeypatch, name, cls, flag):
+    """Each option reaches the command as the options object, under the flag options.py gives it."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.tasks import summarize, transcribe
+
+    seen = []
+
+    def stop(opts, progress=True):
+        seen.append(opts)
+        raise SpecdecError("stop here")
+
+    monkeypatch.setattr({"summarize": summarize, "transcribe": transcribe}[name], "load_pair", stop)
+    monkeypatch.setattr(transcribe, "check_inputs", lambda files: [None] * len(files))
+    args = [name, "-", "--gamma", "7", "--top-k", "3", flag, "--draft-stop", "0.5", "--language", "DE"] if name == "transcribe" \
+        else [name, "-", "--gamma", "7", "--top-k", "3", flag, "--draft-stop", "0.5", "--truncate"]
+    r = CliRunner().invoke(app, args, input="some text")
+    assert r.exit_code == 2 and "stop here" in r.stderr, r.output
+    want = cls(gamma=7, top_k=3, draft_quantized=False, draft_stop=0.5,
+               **({"language": "de"} if name == "transcribe" else {"truncate": True}))
+    assert seen == [want]
 
 
 @pytest.mark.parametrize("task, cls", [("summarize", options.SummarizeOptions), ("transcribe", options.TranscribeOptions)])

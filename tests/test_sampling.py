@@ -6,7 +6,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_cli.errors import SpecdecError
 from specdec_cli.decoding.sampling import (
     SamplingParams,
     probs_from_logits,
@@ -15,6 +14,7 @@ from specdec_cli.decoding.sampling import (
     sample_logits,
     uniforms,
 )
+from specdec_cli.errors import SpecdecError
 
 NEG = -math.inf
 

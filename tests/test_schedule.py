@@ -7,8 +7,16 @@ import random
 import pytest
 import torch
 
-from conftest import (GREEDY, PROMPT, autoregressive, exact_first_two, first_two_pvalue, make_pair, sample_many,
-                      sample_one_by_one)
+from conftest import (
+    GREEDY,
+    PROMPT,
+    autoregressive,
+    exact_first_two,
+    first_two_pvalue,
+    make_pair,
+    sample_many,
+    sample_one_by_one,
+)
 from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.decoding.schedule import Auto, Constant, Heuristic, Round, make

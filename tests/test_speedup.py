@@ -73,7 +73,7 @@ def test_best_gamma_hand_values():
 
 def test_best_gamma_monotone_in_alpha():
     for c in (0.0, 0.01, 0.05, 0.2, 0.5):
-        gammas = [best_gamma(a / 100, c) for a in range(0, 100)]
+        gammas = [best_gamma(a / 100, c) for a in range(100)]
         assert all(g1 <= g2 for g1, g2 in zip(gammas, gammas[1:])), (c, gammas)
         assert gammas[-1] > gammas[0] or c >= 0.5
 

@@ -5,11 +5,19 @@ import copy
 import pytest
 import torch
 
+from conftest import (
+    GREEDY,
+    PROMPT,
+    assert_same_up_to_rounding,
+    autoregressive,
+    exact_first_two,
+    first_two_pvalue,
+    make_pair,
+    sample_many,
+)
 from specdec_cli.decoding import generate
-from specdec_cli.drafts.subset_head import SubsetHead, frequent_ids, restrict_head
 from specdec_cli.decoding.sampling import SamplingParams
-
-from conftest import assert_same_up_to_rounding, GREEDY, PROMPT, autoregressive, exact_first_two, first_two_pvalue, make_pair, sample_many
+from specdec_cli.drafts.subset_head import SubsetHead, frequent_ids, restrict_head
 
 
 def test_subset_head_scores_only_its_tokens():
@@ -57,6 +65,6 @@ def test_sampling_keeps_the_targets_distribution_when_the_draft_misses_tokens():
     prompt = torch.tensor([[1, 6, 2, 3]])
     params = SamplingParams(temperature=1.0, seed=31)
     joint = exact_first_two(target, prompt, params)
-    tokens, rate = sample_many(target, draft, prompt, params, mode="exact", gamma=3, max_new_tokens=3)
+    tokens, _ = sample_many(target, draft, prompt, params, mode="exact", gamma=3, max_new_tokens=3)
     assert any(t[0] >= 4 for t in tokens), "tokens the draft cannot propose still come out"
     assert first_two_pvalue(tokens, joint) > 1e-3

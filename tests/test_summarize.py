@@ -8,10 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
+from conftest import GREEDY, tiny_config, word_tokenizer
 from specdec_cli.cli import app
 from specdec_cli.decoding import Proposal
 from specdec_cli.drafts.lookup import Lookup
-from conftest import GREEDY, tiny_config, word_tokenizer
 
 runner = CliRunner()
 ARTICLE = " ".join(f"w{(i * 37) % 900 + 2}" for i in range(60))

@@ -16,9 +16,9 @@ from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models.whisper import load_whisper, prompt_ids, special_ids
+from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
 from specdec_cli.tasks import transcribe as T
 from specdec_cli.tasks.audio import SAMPLE_RATE, AudioWindow, librivox_clips, load_audio
-from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
 from specdec_cli.tasks.whisper_rules import Suppressor, TimestampRules
 
 # a small vocabulary laid out as Whisper's: text below EOT, specials, <|notimestamps|>, then the times
@@ -242,7 +242,7 @@ def test_sampling_with_timestamps_keeps_the_targets_distribution(timed):
     tokens, drafted, accepted = [], 0, 0
     for seed in range(4):
         enc, rows = encoded.expand(B, -1, -1), [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in kv]
-        got = generate(ExactScorer(timed.model, enc, rows, hook), draft.window(rows, hook), torch.tensor([prompt] * B),
+        got = generate(ExactScorer(timed.model, enc, rows, hook), draft.lean.window(rows, hook), torch.tensor([prompt] * B),
                        mode="exact", gamma=1, gamma_schedule="constant", max_new_tokens=2, eos_token_ids=[ids.eot],
                        params=SamplingParams(temperature=1.0, seed=seed), vocab_size=V)
         tokens += [t + [ids.eot] * (2 - len(t)) for t in got.tokens]

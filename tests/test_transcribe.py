@@ -18,18 +18,17 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from conftest import assert_same_up_to_rounding, save_tiny_whisper, whisper_decoder_sums, torch_threads
+from conftest import assert_same_up_to_rounding, save_tiny_whisper, torch_threads, whisper_decoder_sums
 from specdec_cli.bench.metrics import wer
 from specdec_cli.cli import app
 from specdec_cli.drafts.int4 import linear, pack_int4
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import cpu_has_fast_bf16
-from specdec_cli.models.whisper import (check_language_task, cross_attention_dtype, load_whisper, prompt_ids,
-                                        special_ids)
+from specdec_cli.models.exact_rows import RowLinear, row_linear
+from specdec_cli.models.whisper import check_language_task, cross_attention_dtype, load_whisper, prompt_ids, special_ids
+from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
 from specdec_cli.tasks import transcribe as T
 from specdec_cli.tasks.audio import SAMPLE_RATE, librivox_clips, load_audio
-from specdec_cli.models.exact_rows import RowLinear, row_linear
-from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
 
 runner = CliRunner()
 DATA = Path("/usr/share/pocketsphinx/test/data")
@@ -53,7 +52,7 @@ def tiny(tiny_dir):
 @pytest.fixture(scope="module")
 def speech_wav(tmp_path_factory):
     """3 s of something speech-like (chirps in bursts) at 22.05 kHz stereo: resampled and downmixed on load."""
-    t = np.arange(int(3 * 22050)) / 22050
+    t = np.arange(3 * 22050) / 22050
     x = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) * (np.sin(2 * np.pi * 3 * t) > 0)
     p = tmp_path_factory.mktemp("audio") / "chirp.wav"
     sf.write(p, np.stack([x, 0.5 * x], axis=1).astype(np.float32), 22050)
@@ -463,7 +462,7 @@ def speech(base, encoder_memo):
 @pytest.mark.slow
 @needs_speech
 def test_base_wer_on_librivox(speech):
-    files, _, ar = speech
+    _, _, ar = speech
     measured = wer([t.text for t in ar[: len(CLIPS)]], [r for _, r in CLIPS])
     print(f"\nWhisper base (bf16) WER on the {len(CLIPS)} LibriVox clips: {measured:.2%}")
     for t in ar:

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from specdec_cli.errors import SpecdecError, SpecdecWarning
 from specdec_cli.models import LoadedModel
 from specdec_cli.models import whisper_convert as wc
 from specdec_cli.models.whisper import prompt_ids, special_ids
 from specdec_cli.tasks.audio import librivox_clips, load_audio
-from specdec_cli.errors import SpecdecError, SpecdecWarning
 
 INSTALLED = set(wc.iter_embedded_installed())
 CLIPS = librivox_clips()

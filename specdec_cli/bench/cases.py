@@ -55,6 +55,37 @@ def _mean_overlap(p: torch.Tensor, target_draft_rows, eps, sigma, dtype) -> floa
     return float(acceptance_probability(p, q).mean())
 
 
+def _check_case(batch: int, gamma: int, vocab: int, overlap: float, peakedness: float, dtype: torch.dtype) -> None:
+    if batch < 1 or gamma < 1 or vocab < 2:
+        raise ValueError(f"need batch >= 1, gamma >= 1, vocab >= 2; got {batch}, {gamma}, {vocab}")
+    if not 0.0 < overlap <= 1.0:
+        raise ValueError(f"overlap must be in (0, 1], got {overlap}")
+    if peakedness <= 0:
+        raise ValueError(f"peakedness must be > 0, got {peakedness}")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"unsupported logits dtype {dtype}")
+
+
+def _calibrate(p: torch.Tensor, t_rows: torch.Tensor, eps: torch.Tensor, overlap: float, tol: float,
+               dtype: torch.dtype) -> float:
+    """σ such that the draft t_rows + σ·ε has mean Σ min(p, q) = overlap (within tol), by bisection."""
+    sigma = 0.0
+    if overlap < 1.0:
+        lo, hi = 0.0, 1.0
+        while _mean_overlap(p, t_rows, eps, hi, dtype) > overlap and hi < 256.0:
+            lo, hi = hi, 2.0 * hi
+        for _ in range(60):
+            sigma = 0.5 * (lo + hi)
+            got = _mean_overlap(p, t_rows, eps, sigma, dtype)
+            if abs(got - overlap) <= tol:
+                break
+            if got > overlap:
+                lo = sigma
+            else:
+                hi = sigma
+    return sigma
+
+
 def make_case(
     batch: int,
     gamma: int,
@@ -92,14 +123,7 @@ def make_case(
         overlap       float               mean of row_overlap (the achieved overlap)
         noise_scale   float               σ of the draft noise
     """
-    if batch < 1 or gamma < 1 or vocab < 2:
-        raise ValueError(f"need batch >= 1, gamma >= 1, vocab >= 2; got {batch}, {gamma}, {vocab}")
-    if not 0.0 < overlap <= 1.0:
-        raise ValueError(f"overlap must be in (0, 1], got {overlap}")
-    if peakedness <= 0:
-        raise ValueError(f"peakedness must be > 0, got {peakedness}")
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        raise ValueError(f"unsupported logits dtype {dtype}")
+    _check_case(batch, gamma, vocab, overlap, peakedness, dtype)
     B, G, V = batch, gamma, vocab
     device = torch.device(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -123,20 +147,7 @@ def make_case(
     eps = eps.to(device)
 
     # --- draft: target + σ·ε, σ calibrated so that mean Σ min(p, q) = overlap
-    sigma = 0.0
-    if overlap < 1.0:
-        lo, hi = 0.0, 1.0
-        while _mean_overlap(p, t_rows, eps, hi, dtype) > overlap and hi < 256.0:
-            lo, hi = hi, 2.0 * hi
-        for _ in range(60):
-            sigma = 0.5 * (lo + hi)
-            got = _mean_overlap(p, t_rows, eps, sigma, dtype)
-            if abs(got - overlap) <= tol:
-                break
-            if got > overlap:
-                lo = sigma
-            else:
-                hi = sigma
+    sigma = _calibrate(p, t_rows, eps, overlap, tol, dtype)
     draft_logits = _draft_logits(t_rows, eps, sigma, dtype)  # [B, γ, V]
     del eps
     draft_probs = torch.softmax(draft_logits.float(), dim=-1)  # [B, γ, V] fp32

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 
@@ -108,7 +108,7 @@ class SyntheticConfig:
     seed: int = 0
     threads: int | None = None  # torch intra-op threads; None: torch's default
 
-    def validate(self) -> "SyntheticConfig":
+    def validate(self) -> SyntheticConfig:
         for option, grid in (("--vocab", self.vocabs), ("--gamma", self.gammas), ("--batch", self.batches),
                              ("--modes", self.modes)):
             if not grid:
@@ -183,7 +183,7 @@ class TaskConfig:
     peers: list[str] = field(default_factory=list)  # other tools run beside (peers.PEERS), e.g. faster-whisper
     options: dict = field(default_factory=dict)
 
-    def validate(self) -> "TaskConfig":
+    def validate(self) -> TaskConfig:
         """Checks every option (the task's decoding options through options.DecodeOptions.validate), finds
         the inputs and reads them, all before any model loads."""
         if self.task not in runners.RUNNERS:
@@ -238,6 +238,57 @@ class TaskConfig:
             if self.options.get(key) is not None:
                 args += [_flag(key), str(self.options[key])]
         return shlex.join(args)
+
+
+def build(o: options.BenchOptions) -> SyntheticConfig | TaskConfig:
+    """The run `specdec bench` is asked for (options.BenchOptions, as the command line gave them): every option
+    checked, a task's inputs read, the output paths checked, all before anything runs."""
+    from specdec_cli.bench import results
+    from specdec_cli.models import resolve_device
+
+    options.one_of("--task", o.task, TASKS)
+    config = _synthetic(o) if o.task == "synthetic" else _task(o)
+    config.device = resolve_device(o.device)
+    config.validate()
+    results.check_outputs(out=o.out, csv_path=o.csv, plot_dir=o.plot)
+    return config
+
+
+_TASK_ONLY = ("data", "limit", "target", "draft", "draft_stop", "max_new_tokens", "temperature", "language",
+              "draft_vocab", "draft_quantized", "gamma_schedule", "target_int8", "peers")  # BenchOptions a task reads
+
+
+def _synthetic(o: options.BenchOptions) -> SyntheticConfig:
+    given = [k for k in _TASK_ONLY if getattr(o, k) is not None]
+    if given:
+        raise SpecdecError(f"{_flag(given[0])} is for --task summarize or transcribe, not synthetic")
+    threads = parse_threads(o.threads)
+    if threads is not None and len(threads) > 1:
+        raise SpecdecError("--threads: one count for --task synthetic (a task sweeps a list)")
+    return SyntheticConfig(
+        vocabs=parse_ints(o.vocab, "--vocab"), gammas=parse_ints(o.gamma, "--gamma"),
+        batches=parse_ints(o.batch, "--batch"), modes=parse_names(o.modes, "--modes", SYNTHETIC_MODES),
+        device=o.device, dtype=o.dtype or "float32", overlap=o.overlap, repeat=50 if o.repeat is None else o.repeat,
+        backend=o.backend, alpha=o.alpha, beta=o.beta, seed=o.seed, threads=None if threads is None else threads[0],
+    )
+
+
+def _task(o: options.BenchOptions) -> TaskConfig:
+    names = parse_names(o.modes, "--modes", (options.AUTOREGRESSIVE, *SYNTHETIC_MODES))
+    task_options = {k: getattr(o, k) for k in runners.TASK_OPTIONS if k != "draft_vocab"}
+    return TaskConfig(
+        task=o.task, gammas=parse_ints(o.gamma, "--gamma"), batch=parse_ints(o.batch, "--batch")[0],
+        modes=[m for m in names if m in TASK_MODES],  # autoregressive always runs; hf is synthetic only
+        device=o.device, dtype=o.dtype or options.DecodeOptions.dtype, repeat=1 if o.repeat is None else o.repeat,
+        backend=o.backend, alpha=o.alpha, beta=o.beta, seed=o.seed, threads=parse_threads(o.threads),
+        schedules=parse_names(o.gamma_schedule or ",".join(DEFAULT_SCHEDULES), "--gamma-schedule",
+                              options.GAMMA_SCHEDULES),
+        draft_vocabs=None if o.draft_vocab is None else parse_ints(o.draft_vocab, "--draft-vocab"),
+        draft_quantized=parse_switches(o.draft_quantized, "--draft-quantized"),
+        target_int8=parse_switches(o.target_int8, "--target-int8"),
+        peers=[] if o.peers is None else parse_names(o.peers, "--peers", peers.PEERS),
+        options={k: v for k, v in task_options.items() if v is not None},
+    )
 
 
 def warnings_for(config: SyntheticConfig | TaskConfig) -> list[str]:

@@ -7,8 +7,8 @@ and draft options runs these contenders once per setting (runners.run_task).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specdec_cli import options
 from specdec_cli.bench import metrics, speedup

@@ -16,13 +16,13 @@ import torch
 
 from specdec_cli import options
 from specdec_cli.bench.cases import case_bytes, make_case
-from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.bench.machine import check_memory
+from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.decoding.verify import LOGITS, VERIFIERS
 from specdec_cli.kernels import compile as compile_plans
 from specdec_cli.kernels import reference, triton_backend_name
 
-MODES = tuple(name for name, v in VERIFIERS.items() if v.triton is not None)  # the modes with a Triton kernel
+MODES = tuple(name for name, v in VERIFIERS.items() if v.triton_kernel is not None)  # the modes with a Triton kernel
 
 DIST_VOCAB = 8  # the distribution test draws over a small vocabulary, so every token is seen often
 P_VALUE_MIN = 1e-3
@@ -111,6 +111,15 @@ def _tv(counts, p):
     return 0.5 * (counts / counts.sum() - p.double()).abs().sum().item()
 
 
+def run_options(o: options.KernelCheckOptions, progress=None) -> KernelReport:
+    """`specdec verify-kernel` without --compile-for: `run` with the command's options, checked first."""
+    from specdec_cli.models import resolve_device
+
+    validate(o.mode, o.vocab, o.gamma, o.batch, o.samples, o.alpha, o.beta, o.cases)
+    return run(o.mode, vocab=o.vocab, gamma=o.gamma, batch=o.batch, samples=o.samples, alpha=o.alpha, beta=o.beta,
+               device=resolve_device(o.device), seed=o.seed, cases=o.cases, progress=progress)
+
+
 REFERENCE_LIMIT = 2_000_000  # B·(γ+1)·V above this: the plain-loop reference would take minutes (see run)
 
 
@@ -148,14 +157,14 @@ def _decisions(report: KernelReport, verifier, cases: int, alpha, beta, device, 
         tokens, probs, target, u, draft_logits = _case(batch, gamma, vocab, seed + i, device, dtype)
         draft = _draft_input(verifier, probs, draft_logits)
         cpu = (tokens.cpu(), draft.cpu(), target.cpu(), u.cpu(), 1.0, alpha, beta)
-        mine = verifier.torch(*cpu)
+        mine = verifier.torch_kernel(*cpu)
         expected = mine if large or not verifier.lossless else reference.verify_reference(*cpu)
-        got = verifier.triton(tokens, draft, target, u, 1.0, alpha, beta).checked()
+        got = verifier.triton_kernel(tokens, draft, target, u, 1.0, alpha, beta).checked()
         if verifier.lossless:
             torch_mismatches.append(_first_mismatch(expected, mine))
         else:  # how its acceptance differs from exact's on the same cases
             exact_cpu = (tokens.cpu(), probs.cpu(), target.cpu(), u.cpu())
-            accepted["exact"] += VERIFIERS["exact"].torch(*exact_cpu).num_accepted.float().mean().item()
+            accepted["exact"] += VERIFIERS["exact"].torch_kernel(*exact_cpu).num_accepted.float().mean().item()
         accepted["kernel"] += got.num_accepted.float().mean().item()
         mismatches.append(_first_mismatch(expected, got))
     spec = ("torch path" if large else "reference") if verifier.lossless else f"{verifier.name} torch reference"
@@ -177,7 +186,7 @@ def _distribution(report: KernelReport, verifier, samples: int, alpha, beta, dev
     on_gpu = torch.device(device).type == "cuda"
     gamma = report.gamma
     p, q = _small_pair(seed)
-    fn = verifier.triton if on_gpu else verifier.torch
+    fn = verifier.triton_kernel if on_gpu else verifier.torch_kernel
     as_input = (lambda d: torch.log(d)) if verifier.reads == LOGITS else (lambda d: d)  # logits of q: log q
     counts, n = _distribution_draws(lambda t, d, z, u: fn(t, as_input(d), z, u, 1.0, alpha, beta), p, q, samples,
                                     gamma, seed, device)
@@ -188,7 +197,7 @@ def _distribution(report: KernelReport, verifier, samples: int, alpha, beta, dev
         report.checks.append(Check("output ~ target distribution", pvalue > P_VALUE_MIN, f"{samples} draws by the {drawn_by}, V={DIST_VOCAB}: TV {tv:.4f}, chi-square p = {pvalue:.3g} (pass: p > {P_VALUE_MIN})"))
         report.figures.update(tv_to_target=tv, chi_square_p=pvalue, distribution_drawn_by=drawn_by)
         return
-    exact_counts, n_exact = _distribution_draws(VERIFIERS["exact"].torch, p, q, samples, gamma, seed, "cpu")
+    exact_counts, n_exact = _distribution_draws(VERIFIERS["exact"].torch_kernel, p, q, samples, gamma, seed, "cpu")
     report.figures.update(
         tv_to_target=tv,
         tv_exact_to_target=_tv(exact_counts, p),

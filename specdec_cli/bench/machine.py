@@ -148,7 +148,7 @@ class PeakMemory:
         self.mib: float | None = None
         self._reset = False
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

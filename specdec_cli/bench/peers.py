@@ -44,7 +44,7 @@ class Peer:
 PEERS = {"faster-whisper": Peer("faster-whisper", "transcribe", "faster_whisper", ("float32", "int8"), embedded_only=True),
          "hf-assisted": Peer("hf-assisted", "summarize", "transformers", ("draft", "prompt lookup"))}
 PROMPT_LOOKUP_TOKENS = 10  # hf-assisted's n-gram lookup: the value transformers' documentation uses
-INSTALL = "pip install 'specdec[peers]'"
+INSTALL = "pip install 'specdec-cli[peers]'"
 WARMUP_SECONDS = 5  # the untimed first call: the first seconds of the first clip
 
 

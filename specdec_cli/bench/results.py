@@ -11,8 +11,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specdec_cli.bench import plots
-from specdec_cli.bench.contenders import (TASK_COST_COLUMNS, TASK_END_TO_END_COLUMNS, TASK_QUALITY_COLUMNS,
-                                          TASK_SPEED_COLUMNS)
+from specdec_cli.bench.contenders import (
+    TASK_COST_COLUMNS,
+    TASK_END_TO_END_COLUMNS,
+    TASK_QUALITY_COLUMNS,
+    TASK_SPEED_COLUMNS,
+)
 from specdec_cli.bench.synthetic import SYNTHETIC_COLUMNS
 from specdec_cli.errors import SpecdecError
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from specdec_cli import options
 from specdec_cli.bench import peers
-from specdec_cli.bench.contenders import (WARMUP_TOKENS, Contender, Progress, TaskRecord, contenders_of,
-                                          run_contenders)
+from specdec_cli.bench.contenders import WARMUP_TOKENS, Contender, Progress, TaskRecord, contenders_of, run_contenders
 from specdec_cli.decoding import GenerationStats, merge_stats
 from specdec_cli.errors import SpecdecError
 from specdec_cli.tasks import audio, summarize, transcribe

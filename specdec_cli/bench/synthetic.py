@@ -9,8 +9,8 @@ machine's noise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -121,7 +121,7 @@ def _expected_acceptance(case: dict) -> float:
     """E[accepted / drafted] of exact sampling on this case's fixed draft tokens: position j passes
     with r_j = min(1, p_j(x_j)/q_j(x_j)) given the earlier ones passed, so E[A] = Σ_k Π_{j<=k} r_j."""
     tokens = case["draft_tokens"]  # [B, γ]
-    B, G = tokens.shape
+    G = tokens.shape[1]
     lse = torch.logsumexp(case["target_logits"][:, :G].float(), dim=-1)  # [B, γ]
     z_x = case["target_logits"][:, :G].gather(-1, tokens[..., None])[..., 0].float()  # [B, γ]
     p_x = torch.exp(z_x - lse)

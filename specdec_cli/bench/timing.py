@@ -16,8 +16,9 @@ import dataclasses
 import gc
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ class Timing:
     min_ms: float = math.nan
 
     @classmethod
-    def from_samples(cls, samples_ms) -> "Timing":
+    def from_samples(cls, samples_ms) -> Timing:
         x = np.asarray(list(samples_ms), dtype=np.float64)
         if x.size == 0:
             raise ValueError("no timing samples")
@@ -114,19 +115,10 @@ def measure_side_by_side(
         raise ValueError(f"need warmup >= 0 and 1 <= repeat <= max_repeat, got {warmup}, {repeat}, "
                          f"{max_repeat}")
 
-    results: list[Any] = []
-    for i in range(warmup):
-        for name in names:
-            out = fns[name]()
-            if i == 0:
-                results.append(out)
-    dev = _resolve_device(device, results)
-    del results
-
+    dev = _resolve_device(device, _warm_up(fns, warmup))
     cuda = dev == "cuda"
     flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda") if cuda and flush_l2 else None
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    pending: list[tuple[str, Any, Any]] = []  # CUDA: (name, start event, end event), read at the end
+    samples: dict[str, list[Any]] = {n: [] for n in names}  # ms, or CUDA's (start, end) events read at the end
 
     gc_was_enabled = gc.isenabled()
     gc.collect()
@@ -136,34 +128,47 @@ def measure_side_by_side(
         while rounds < max_repeat and (rounds < repeat or spent_s < min_time_s):
             k = rounds % len(names)
             for name in names[k:] + names[:k]:  # rotate the order every round
-                fn = fns[name]
-                if flush_buf is not None:
-                    flush_buf.zero_()
-                if cuda:
-                    torch.cuda.synchronize()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    t0 = time.perf_counter_ns()
-                    start.record()
-                    fn()
-                    end.record()
-                    end.synchronize()
-                    spent_s += (time.perf_counter_ns() - t0) * 1e-9
-                    pending.append((name, start, end))
-                else:
-                    t0 = time.perf_counter_ns()
-                    fn()
-                    dt = time.perf_counter_ns() - t0
-                    spent_s += dt * 1e-9
-                    samples[name].append(dt * 1e-6)
+                wall_s, sample = _timed_call(fns[name], cuda, flush_buf)
+                spent_s += wall_s
+                samples[name].append(sample)
             rounds += 1
         if cuda:
             torch.cuda.synchronize()
-            for name, start, end in pending:
-                samples[name].append(float(start.elapsed_time(end)))
+            samples = {n: [float(start.elapsed_time(end)) for start, end in events] for n, events in samples.items()}
     finally:
         if gc_was_enabled:
             gc.enable()
     return {name: Timing.from_samples(samples[name]) for name in names}
+
+
+def _warm_up(fns: Mapping[str, Callable[[], Any]], warmup: int) -> list[Any]:
+    """`warmup` untimed calls of each provider; -> what each first call returned (where the clock runs)."""
+    results: list[Any] = []
+    for i in range(warmup):
+        for fn in fns.values():
+            out = fn()
+            if i == 0:
+                results.append(out)
+    return results
+
+
+def _timed_call(fn: Callable[[], Any], cuda: bool, flush_buf: torch.Tensor | None) -> tuple[float, Any]:
+    """One timed call -> (its wall seconds, its time: ms on the CPU, or CUDA's (start, end) events, read later)."""
+    if flush_buf is not None:
+        flush_buf.zero_()
+    if not cuda:
+        t0 = time.perf_counter_ns()
+        fn()
+        dt = time.perf_counter_ns() - t0
+        return dt * 1e-9, dt * 1e-6
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter_ns()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return (time.perf_counter_ns() - t0) * 1e-9, (start, end)
 
 
 def measure(

@@ -11,7 +11,8 @@ same four methods.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,9 +37,9 @@ class Decoder:
         self.model = model
         self.forward_kwargs = dict(forward_kwargs or {})
         self.logits_hook = logits_hook
-        self.cache = None
+        self.cache: Any = None  # a transformers Cache
         self.length = 0  # slots in the cache
-        self.seen = None  # int64 [B, length]: the token in each cache slot, for the logits hook
+        self.seen = torch.empty(0, 0, dtype=torch.int64)  # int64 [B, length]: the token in each cache slot, for the logits hook
         params = inspect.signature(model.forward).parameters
         self._keeps_logits = "logits_to_keep" in params
 

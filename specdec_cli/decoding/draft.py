@@ -40,7 +40,7 @@ class DraftSettings:
     """How a draft draws a round's tokens in this run."""
 
     params: SamplingParams  # the target's sampling: the draft samples as the target would
-    generator: torch.Generator | None  # None when greedy
+    generator: torch.Generator  # the run's randomness (unused when greedy)
     vocab: int  # V: the draft's logits are cut or padded to it (fit_vocab)
     keep_logits: bool = False  # verification reads the draft's logits (sigmoid), not its probabilities
     stop_below: float = 0.0  # end the round once every row's draft gave its token less than this
@@ -128,7 +128,7 @@ class ModelDraft:
             u = None if params.greedy else uniforms(B, settings.generator)
             token, p = sample_logits(logits, params, u)
             tokens[:, i] = token
-            if probs is not None:
+            if probs is not None and p is not None:
                 probs[:, i] = p
             if raw is not None:
                 raw.append(process_logits(logits, params) if params.filtered else logits)

@@ -16,8 +16,8 @@ verification mode through its `Verifier` (verify.py); the accept/reject rule is 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -29,7 +29,7 @@ from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample
 from specdec_cli.decoding.schedule import Round
 from specdec_cli.decoding.slots import Slots
 from specdec_cli.decoding.stats import GenerationResult, GenerationStats
-from specdec_cli.decoding.verify import VERIFIERS, LOGITS, Verifier, verify_greedy
+from specdec_cli.decoding.verify import LOGITS, VERIFIERS, Verifier, verify_greedy
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import Verification
 

@@ -35,7 +35,7 @@ class SamplingParams:
             options.check_seed(self.seed)
 
     @classmethod
-    def of(cls, opts: options.DecodeOptions) -> "SamplingParams":
+    def of(cls, opts: options.DecodeOptions) -> SamplingParams:
         return cls(opts.temperature, opts.top_k, opts.top_p, opts.seed)
 
     @property
@@ -91,6 +91,7 @@ def _mask_top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:
         keep_sorted = mass - sorted_p < top_p  # mass of the more likely tokens; the first always kept
         keep = torch.zeros_like(z, dtype=torch.bool).scatter(-1, order, keep_sorted)
         return z.masked_fill(~keep, -math.inf)
+    raise AssertionError("unreachable: the whole sorted row holds top_p of the mass")
 
 
 def probs_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -118,5 +119,6 @@ def sample_logits(
         if not bool(torch.isfinite(logits.amax(dim=-1)).all()):  # a max shows NaN, +inf and an all-masked row
             raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
         return logits.argmax(dim=-1), None
+    assert u is not None, "sampling needs uniforms"
     probs = probs_from_logits(process_logits(logits, params))
     return sample(probs, u), probs

@@ -93,10 +93,11 @@ class _Average:
     on, a value above `clip`× the average counts as `clip`× (another process took the CPU meanwhile)."""
 
     def __init__(self, weight: float = 0.25, clip: float = 1.5):
-        self.weight, self.clip, self.value, self.count = weight, clip, None, 0
+        self.weight, self.clip, self.count = weight, clip, 0
+        self.value: float | None = None  # None until the first sample
 
     def add(self, x: float) -> None:
-        if self.count == 0:
+        if self.value is None:
             self.value = x
         elif self.count == 1:
             self.value = min(self.value, x)
@@ -240,8 +241,9 @@ class Auto:
 
     def pass_s(self, k: float) -> float:
         """The target's pass over k tokens: the plain step for k = 1, the fitted line for k ≥ 2 (the step, or
-        the line, standing in for the other until both were measured)."""
+        the line, standing in for the other until both were measured). Asked only once a step was measured."""
         if k <= 1 or self.passes.count == 0:
+            assert self.step_s is not None, "no plain step measured yet"
             return self.step_s
         return self.passes(k)
 
@@ -250,10 +252,12 @@ class Auto:
         errors added to each position's gain."""
         drafted = self.drafts.curve(self.gamma_max)  # D(j)
         gained = self.gains.curve(self.gamma_max, lift)  # Q(j)
+        step, verify = self.draft_step.value, self.verify.value
+        assert step is not None and verify is not None, "rates need a measured draft step and verification"
         out, tokens, d = [1.0 / self.pass_s(1)], 1.0, 0.0
         for dj, qj in zip(drafted, gained):
             tokens, d = tokens + qj, d + dj
-            out.append(tokens / (d * self.draft_step.value + self.pass_s(1 + d) + self.verify.value))
+            out.append(tokens / (d * step + self.pass_s(1 + d) + verify))
         return out
 
     def best(self, least: int = 0) -> int:
@@ -288,7 +292,7 @@ class Auto:
         """What the choice rests on, for --json and the bench: c = draft step / target step, the pass-cost
         ratios t_target(k)/t_target(1) as measured, α, and the survival curves Q and D."""
         one = self.step_s
-        seen = {k: a.value for k, a in sorted(self.seen.items())}
+        seen = {k: a.value for k, a in sorted(self.seen.items()) if a.value is not None}
         return {
             "alpha": self.alpha,
             "draft_step_ms": None if self.draft_step.value is None else 1e3 * self.draft_step.value,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 
 @dataclass
@@ -60,7 +60,7 @@ class GenerationStats:
         for n in r.accepted:
             hist[n] += 1
 
-    def finish(self) -> "GenerationStats":
+    def finish(self) -> GenerationStats:
         self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
         verifications = sum(self.accepted_histogram)
         self.mean_accepted_per_call = self.accepted_tokens / verifications if verifications else None

@@ -40,7 +40,7 @@ class Kernel(Protocol):
 
     def __call__(self, draft_tokens: torch.Tensor, draft: torch.Tensor | None, target_logits: torch.Tensor,
                  uniforms: torch.Tensor, temperature: float = ..., alpha: float = ...,
-                 beta: float = ...) -> Verification: ...
+                 beta: float = ..., /) -> Verification: ...
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ class Verifier:
 
     name: str
     reads: str  # PROBS | LOGITS: what a model draft hands it (a deterministic draft hands neither: one-hot)
-    torch: Kernel  # the CPU path, or the only one
-    triton: Kernel | None = None  # the fused Triton kernels (compiled on CUDA, interpreted on a CPU)
+    torch_kernel: Kernel  # the CPU path, or the only one
+    triton_kernel: Kernel | None = None  # the fused Triton kernels (compiled on CUDA, interpreted on a CPU)
     one_hot: bool = True  # verifies a deterministic draft (q one-hot at its tokens)
     lossless: bool = True  # the output is the target's distribution
 
@@ -58,7 +58,7 @@ class Verifier:
         """Its implementation for `backend` (options.BACKENDS: auto = Triton on CUDA, torch on a CPU)."""
         options.one_of("--backend", backend, options.BACKENDS)
         triton = backend == "triton" or (backend == "auto" and device.type == "cuda")
-        return self.triton if triton and self.triton is not None else self.torch
+        return self.triton_kernel if triton and self.triton_kernel is not None else self.torch_kernel
 
     def refuse_one_hot(self) -> SpecdecError:
         return SpecdecError(f"--mode {self.name} needs a model draft's {self.reads}; a deterministic draft such as "

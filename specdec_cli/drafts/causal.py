@@ -7,7 +7,7 @@ drafts/layers.py), made cheaper for each batch without changing the output:
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -16,7 +16,6 @@ import re
 
 from specdec_cli.errors import SpecdecError
 
-
 LOOKUP_LONGEST, LOOKUP_SHORTEST = 16, 1  # the tail lengths lookup matches (drafts/lookup.py)
 
 

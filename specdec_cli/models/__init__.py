@@ -23,5 +23,15 @@ from specdec_cli.models.device import cpu_has_fast_bf16, resolve_device, resolve
 from specdec_cli.models.loading import LoadedModel, load_model
 from specdec_cli.models.whisper import load_whisper
 
-__all__ = ["EMBEDDED", "LoadedModel", "check_compatible", "load_compatible", "cpu_has_fast_bf16", "load_causal_lm", "load_model",
-           "load_whisper", "resolve_device", "resolve_dtype"]
+__all__ = [
+           "EMBEDDED",
+           "LoadedModel",
+           "check_compatible",
+           "cpu_has_fast_bf16",
+           "load_causal_lm",
+           "load_compatible",
+           "load_model",
+           "load_whisper",
+           "resolve_device",
+           "resolve_dtype",
+]

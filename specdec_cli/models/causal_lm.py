@@ -194,9 +194,9 @@ def _gguf_progress(enabled: bool, title: str):
         def track(iterable=None, *args, desc=None, **kwargs):
             return bar.track(iterable, description=f"{title}: dequantizing tensors")
 
-    with internals.gguf_tensor_progress(track):
-        with bar if bar is not None else contextlib.nullcontext(), quiet_transformers():
-            yield say
+    with internals.gguf_tensor_progress(track), bar if bar is not None else contextlib.nullcontext(), \
+            quiet_transformers():
+        yield say
 
 
 def _dequantize_gguf(gguf: Path, dtype: torch.dtype, title: str, progress: bool) -> tuple[Any, Any]:
@@ -264,7 +264,7 @@ def _cached_from_gguf(
         try:
             model, tokenizer, _ = read_directory(CAUSAL_LM, entry, dtype, progress, title)
             return model, tokenizer, entry, was_cached
-        except Exception as e:  # noqa: BLE001 - whatever a damaged file makes the readers raise
+        except Exception as e:
             if attempt == 2:
                 raise SpecdecError(f"cannot load the cached {title} in {entry}: {first_line(e)}; delete that folder") from e
             warn(f"the cached {title} in {entry} cannot be read ({first_line(e)}): rebuilding it")
@@ -351,7 +351,7 @@ class CausalLMFamily(Family):
             model, tokenizer, entry, cached = _cached_from_gguf(key, meta, path.name, dtype, progress, lambda _: path)
         except SpecdecError:
             raise
-        except Exception as e:  # noqa: BLE001 - a GGUF the reader or transformers cannot take is bad input
+        except Exception as e:
             raise SpecdecError(f"cannot load GGUF file '{path}': {first_line(e)}") from e
         return LoadedModel(model, tokenizer, path.name, "gguf", spec, entry, cached)
 

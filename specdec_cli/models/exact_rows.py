@@ -18,7 +18,7 @@ One query in fp32: torch's CPU sdpa takes ~7× longer for one bf16 query than fo
 (K, V cast once per pass and layer), in steps and in passes alike: rows still compute alike, and a step is faster.
 
 tests/test_summarize.py (SmolLM2) and tests/test_transcribe.py (Whisper base) check a pass's rows against steps,
-bit for bit; tasks/whisper_scoring.py builds Whisper's decoder from the same pieces.
+bit for bit; models/whisper_decoding.py builds Whisper's decoder from the same pieces.
 """
 
 from __future__ import annotations

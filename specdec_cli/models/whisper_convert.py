@@ -101,21 +101,25 @@ class CT2Model:
     aliases: dict[str, str]
 
 
-def read_ct2(parts: list[Path] | Path) -> CT2Model:
-    """Parse a CTranslate2 model.bin (given as one file or as parts joined in order)."""
-    parts = [Path(parts)] if isinstance(parts, (str, Path)) else [Path(p) for p in parts]
+def _joined(parts: list[Path]) -> bytearray:
+    """The files' bytes, one after another, in a writable buffer (the arrays read from it are views, no copy)."""
     size = sum(p.stat().st_size for p in parts)
-    buf = bytearray(size)  # writable, so the arrays below are writable views (no copy)
+    buf = bytearray(size)
     view = memoryview(buf)
     pos = 0
     for p in parts:
         with open(p, "rb") as f:
-            n = f.readinto(view[pos:pos + p.stat().st_size])
-        pos += n
+            pos += f.readinto(view[pos:pos + p.stat().st_size])
     if pos != size:
         raise SpecdecError(f"short read on {parts}: {pos} of {size} bytes")
+    return buf
 
-    off = 0
+
+def read_ct2(parts: list[Path] | Path) -> CT2Model:
+    """Parse a CTranslate2 model.bin (given as one file or as parts joined in order)."""
+    parts = [Path(parts)] if isinstance(parts, (str, Path)) else [Path(p) for p in parts]
+    buf = _joined(parts)
+    size, off = len(buf), 0
 
     def take(fmt: str):
         nonlocal off
@@ -226,7 +230,10 @@ class ConvertedWeights:
 
 
 def ct2_whisper_state_dict(ct2: CT2Model) -> ConvertedWeights:
-    """Map every CT2 Whisper variable onto an HF state-dict entry; raise on anything unused or missing."""
+    """Map every CT2 Whisper variable onto an HF state-dict entry; raise on anything unused or missing.
+
+    Long on purpose: it is the name map itself (MODELS.md's table), one line per tensor kind in the file's
+    order, read top to bottom; the helpers inside put, split and drop, and every variable is taken once."""
     if ct2.spec != "WhisperSpec":
         raise SpecdecError(f"not a CTranslate2 Whisper model (spec {ct2.spec!r})")
     c = _Consumer(ct2)

@@ -171,14 +171,14 @@ def windows(audio: np.ndarray, seconds: float = WINDOW_SECONDS, sample_rate: int
     dropped or repeated.
     """
     n = len(audio)
-    limit = int(round(seconds * sample_rate))
+    limit = round(seconds * sample_rate)
     if limit <= 0:
         raise ValueError("window length must be positive")
     if n <= limit:
         return [AudioWindow(0, audio, sample_rate)]
-    frame = max(1, int(round(frame_seconds * sample_rate)))
-    span = max(1, int(round(pause_seconds / frame_seconds)))  # frames in a pause
-    fine = max(1, min(span, int(round(fine_seconds / frame_seconds))))  # frames in the cut's neighbourhood
+    frame = max(1, round(frame_seconds * sample_rate))
+    span = max(1, round(pause_seconds / frame_seconds))  # frames in a pause
+    fine = max(1, min(span, round(fine_seconds / frame_seconds)))  # frames in the cut's neighbourhood
     energy = frame_energy(audio, frame)  # [n_frames]
     csum = np.concatenate([[0.0], np.cumsum(energy)])
 
@@ -186,7 +186,7 @@ def windows(audio: np.ndarray, seconds: float = WINDOW_SECONDS, sample_rate: int
         return (csum[width:] - csum[:-width]) / width
 
     pause, quiet = mean_energy(span), mean_energy(fine)
-    search = max(frame * span, int(round(search_seconds * sample_rate)))
+    search = max(frame * span, round(search_seconds * sample_rate))
 
     out: list[AudioWindow] = []
     start = 0

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec_cli import options
 from specdec_cli.errors import SpecdecError
 
 
@@ -70,6 +72,28 @@ def render(transcript, fmt: str, *, timestamps: bool, header: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------------
 # Files
+
+
+@dataclass
+class Outputs:
+    """Where a transcribe run's outputs go: one file per input under --output-dir (paths; none without it), and
+    the inputs left to do (todo: all of them, less those whose file is there with --skip-existing)."""
+
+    todo: list[str]
+    paths: dict[str, Path] = field(default_factory=dict)
+    skipped: int = 0
+
+
+def plan_outputs(inputs: list[str], out_dir: str | Path | None, fmt: str, skip_existing: bool,
+                 as_json: bool) -> Outputs:
+    """The outputs of `inputs`, checked before any model loads (options.check_output; the folder writable)."""
+    options.check_output(fmt, out_dir, skip_existing, len(inputs), as_json)
+    if out_dir is None:
+        return Outputs(list(inputs))
+    check_output_dir(out_dir)
+    paths = dict(zip(inputs, output_paths(inputs, out_dir, fmt)))
+    todo = [f for f in inputs if not (skip_existing and paths[f].exists())]
+    return Outputs(todo, paths, len(inputs) - len(todo))
 
 
 def output_paths(inputs, out_dir: str | Path, fmt: str) -> list[Path]:

@@ -40,21 +40,38 @@ torch's bf16 kernel for a few queries), in every mode alike.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from specdec_cli import drafts
-from specdec_cli.decoding import (Batch, Draft, GenerationResult, GenerationStats, SamplingParams, generate,
-                                  make_schedule, merge_stats)
+from specdec_cli.decoding import (
+    Batch,
+    Draft,
+    GenerationResult,
+    GenerationStats,
+    SamplingParams,
+    generate,
+    make_schedule,
+    merge_stats,
+)
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import LoadedModel, int8
-from specdec_cli.models.whisper import (TIME_PER_TOKEN, WHISPER, SpecialIds, check_language_task, check_timestamps,
-                                        cross_attention_dtype, decoder_layers, prompt_ids, special_ids)
-from specdec_cli.models.whisper_decoding import (EncodedWindows, ExactScorer, WindowDecoder, cross_kv, encode,
-                                                 features)
+from specdec_cli.models.whisper import (
+    TIME_PER_TOKEN,
+    WHISPER,
+    SpecialIds,
+    check_language_task,
+    check_timestamps,
+    cross_attention_dtype,
+    decoder_layers,
+    prompt_ids,
+    special_ids,
+)
+from specdec_cli.models.whisper_decoding import EncodedWindows, ExactScorer, WindowDecoder, cross_kv, encode, features
 from specdec_cli.options import TranscribeOptions
 from specdec_cli.tasks.audio import SAMPLE_RATE, AudioWindow, is_silent, librivox_clips, load_audio, windows
 from specdec_cli.tasks.whisper_rules import Suppressor
@@ -105,13 +122,18 @@ class _Setup:
     schedule: Any  # one for every window: what it measured carries over
 
 
+def check_target(target: LoadedModel, opts: TranscribeOptions) -> None:
+    """Refuse, in one line, a language, task or --timestamps this target cannot do."""
+    check_language_task(target, opts.language, opts.task)
+    if opts.timestamps:
+        check_timestamps(target)
+
+
 def _setup(target: LoadedModel, draft: Draft | None, opts: TranscribeOptions) -> _Setup:
     """Everything checked and built once per call, before any audio reaches the model."""
     if opts.speculative and draft is None:
         raise SpecdecError(f"mode {opts.mode!r} needs a draft model")
-    check_language_task(target, opts.language, opts.task)
-    if opts.timestamps:
-        check_timestamps(target)
+    check_target(target, opts)
     ids = special_ids(target)
     vocab = (draft.vocab if draft is not None and opts.speculative else None) or target.output_size
     prompt_len = len(prompt_ids(ids, "en" if ids.multilingual else None, opts.task, opts.timestamps))
