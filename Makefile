@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench env models-test models-demo data gpu gpu-deps clean
+.PHONY: demo test lint bench env models-test models-demo data gpu clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,25 +40,28 @@ demo: models-demo
 	$(BIN)/specdec verify-kernel --mode exact --vocab 32000 --gamma 5 --samples 20000
 
 test: models-test data
-	$(BIN)/pytest -q -p no:cacheprovider  # not `python -m`: that would put ./kernels on sys.path
+	$(BIN)/pytest -q -p no:cacheprovider
+
+# ruff over the tree; mypy over decoding/ and kernels/ as installed (kernels/ is specdec_cli.kernels only in an
+# install: mypy reads a copy installed into build/lint, so its paths read specdec_cli/kernels/... for kernels/...).
+lint: $(STAMP)
+	$(PIP) install -e '.[lint]'
+	$(BIN)/ruff check .
+	rm -rf build/lint && $(PIP) install --no-deps --no-build-isolation --no-compile --target build/lint .
+	cd build/lint && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p specdec_cli.decoding -p specdec_cli.kernels
 
 bench: models-demo
 	$(BIN)/specdec bench --task synthetic
 
 # On the GPU machine: every GPU check in one run, into $(GPU_OUT) (see specdec_cli/bench/gpu.py and the README).
-# torch, triton and transformers are there; nothing is installed and there is no network. specdec_cli is put
-# together from links (kernels/ and examples/ inside it, as an install has them) and run with `python -P`, so
-# the root with its kernels/ folder is not on sys.path. pytest comes in .gpu-deps (`make gpu-deps` here).
+# torch, triton, transformers, pip, setuptools and pytest are there; there is no network. specdec_cli is installed
+# from this tree into build/gpu (kernels/ becomes specdec_cli.kernels, as in any install) and run with `python -P`,
+# so the root, with its bare kernels/ folder, stays off sys.path.
 GPU_OUT ?= out/gpu
 GPU_PY  ?= python3
 gpu:
-	rm -rf build/gpu && mkdir -p build/gpu/specdec_cli
-	ln -s $(CURDIR)/specdec_cli/* build/gpu/specdec_cli/
-	ln -s $(CURDIR)/kernels $(CURDIR)/examples build/gpu/specdec_cli/
-	PYTHONPATH=$(CURDIR)/build/gpu:$(CURDIR)/.gpu-deps $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT)
-
-gpu-deps: $(STAMP)
-	$(PIP) install --target .gpu-deps --no-deps pytest pluggy iniconfig packaging
+	rm -rf build/gpu && $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target build/gpu .
+	PYTHONPATH=$(CURDIR)/build/gpu $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT)
 
 clean:
-	rm -rf $(VENV) build .gpu-deps *.egg-info
+	rm -rf $(VENV) build *.egg-info

@@ -1,5 +1,6 @@
 """`make gpu`, the one command for a GPU machine, runs here in its tiny form (no CUDA): the same code, small
-shapes, through the same Makefile route (specdec_cli assembled from links, python -P), so it cannot rot."""
+shapes, through the same Makefile route (specdec_cli installed from the tree into build/gpu, python -P), so it
+cannot rot."""
 
 import json
 import subprocess
