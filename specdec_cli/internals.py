@@ -17,11 +17,45 @@ import copy
 # transformers
 
 
+def rollback_cache(config):
+    """A DynamicCache for `config` whose sliding-window layers keep what a rollback needs: they record every
+    state past the window until the next crop_cache, which drops the rejected slots and trims the rest back to
+    the window. Relies on: `DynamicCache(config=...)` building one layer per `config.layer_types` (sliding ones
+    with `.is_sliding` and `.sliding_window`), and `activate_past_recording()` on them."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    for layer in _sliding_layers(cache):
+        layer.activate_past_recording()
+    return cache
+
+
 def crop_cache(cache, remove: int) -> None:
-    """Drop the last `remove` slots of a KV cache. Relies on: `Cache.crop(n)` with n < 0 removing −n
-    tokens (transformers 5 refuses the older positive "final length" form)."""
+    """Drop the last `remove` slots of a KV cache (0: none), then trim the sliding-window layers back to their
+    window (rollback_cache: they record past it between crops). Relies on: `Cache.crop(n)` with n < 0
+    removing −n tokens (transformers 5 refuses the older positive "final length" form), and a sliding layer's
+    `crop(0)` trimming to the window once `get_seq_length()` reached it (below it, crop(0) would empty it)."""
     if remove > 0:
         cache.crop(-remove)
+    for layer in _sliding_layers(cache):
+        if layer.get_seq_length() >= layer.sliding_window and layer.keys.shape[-2] > layer.sliding_window - 1:
+            layer.crop(0)
+
+
+def _sliding_layers(cache) -> list:
+    """The sliding-window layers of a cache (none for other kinds). Relies on: `cache.layers`, `layer.is_sliding`."""
+    return [layer for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)
+            and hasattr(layer, "activate_past_recording")]
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of a model whose layers (some or all) attend to the last W positions only, else None.
+    Relies on: `config.sliding_window`, and `config.layer_types` naming "sliding_attention" where only some do."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
 
 
 def prefilled_cross_cache(kv):

@@ -11,10 +11,19 @@ import torch
 
 from conftest import GREEDY, ROOT, left_pad, save_tiny_whisper
 from specdec_cli import drafts, options
-from specdec_cli.decoding import (VERIFIERS, Batch, Draft, DraftSettings, ModelDraft, SamplingParams, Slots,
-                                  as_draft, generate)
+from specdec_cli.decoding import (
+    VERIFIERS,
+    Batch,
+    Draft,
+    DraftSettings,
+    ModelDraft,
+    SamplingParams,
+    Slots,
+    as_draft,
+    generate,
+)
 from specdec_cli.drafts import spec
-from specdec_cli.drafts.lookup import Lookup, LookupThen
+from specdec_cli.drafts.lookup import Lookup
 from specdec_cli.models import load_whisper
 from specdec_cli.models.causal_lm import CAUSAL_LM
 from specdec_cli.models.whisper import WHISPER, cross_attention_dtype, decoder_layers
@@ -72,7 +81,7 @@ def test_whisper_draft_kinds_fit_a_window(tmp_path):
     kv = cross_kv(decoder_layers(target), encoded, cross_attention_dtype(target.model))
     window = EncodedWindows([np.zeros(16000, dtype=np.float32)] * 2, encoded, kv)
     ids = torch.tensor([[1, 2, 3], [1, 2, 3]])
-    for name, draft in kinds.items():
+    for draft in kinds.values():
         _assert_reads_only(draft.fit(Batch(ids, None, window)), ids, None, target.output_size)
     assert drafts.model_draft(kinds["lookup+self"]) is not None and drafts.model_draft(Lookup()) is None
 
@@ -103,7 +112,7 @@ def test_the_loop_never_names_a_verification_mode():
 def test_a_new_draft_kind_needs_no_change_to_the_loop(small_pair):
     """A kind written here (it drafts the target's own argmax, as an oracle) runs through generate() unchanged,
     and greedy output stays the target's."""
-    target, draft_model = small_pair
+    target = small_pair[0]
 
     class Echo(ModelDraft):  # a model draft whose decoder is the target itself: every token accepted
         pass

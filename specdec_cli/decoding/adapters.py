@@ -53,9 +53,13 @@ class Decoder:
         return head.weight.shape[0] if head is not None else self.model.config.vocab_size
 
     def new_cache(self):
-        from transformers import DynamicCache
+        return internals.rollback_cache(self.model.config)
 
-        return DynamicCache(config=self.model.config)
+    @property
+    def sliding_window(self) -> int | None:
+        """W when some of its layers attend to the last W slots only (the loop then keeps rows apart: a hole in
+        a row would leave fewer than W of its own tokens in the window)."""
+        return internals.sliding_window(self.model.config)
 
     def reset(self) -> None:
         self.cache = self.new_cache()
@@ -100,10 +104,10 @@ class Decoder:
             self.length, self.seen = tokens.shape[1], tokens
 
     def crop(self, length: int) -> None:
-        """Drop every slot from `length` on (no recomputation of the prefix)."""
-        if length < self.length:
-            internals.crop_cache(self.cache, self.length - length)
-            self.length = length
+        """Drop every slot from `length` on (no recomputation of the prefix); sliding-window layers are trimmed
+        back to their window."""
+        internals.crop_cache(self.cache, max(0, self.length - length))
+        self.length = min(self.length, length)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (int64 [B'])."""

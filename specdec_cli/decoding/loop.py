@@ -28,7 +28,7 @@ from specdec_cli.decoding.draft import Draft, DraftSettings, Proposal, as_draft,
 from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
 from specdec_cli.decoding.schedule import Round
 from specdec_cli.decoding.slots import Slots
-from specdec_cli.decoding.stats import GenerationResult, GenerationStats
+from specdec_cli.decoding.stats import GenerationResult, GenerationStats, merge_stats
 from specdec_cli.decoding.verify import LOGITS, VERIFIERS, Verifier, verify_greedy
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import Verification
@@ -185,6 +185,10 @@ def generate(
     params = SamplingParams() if params is None else params
     eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or ())
     target = as_decoder(target)
+    if draft is not None and input_ids.shape[0] > 1 and _sliding(target, draft):
+        return _row_by_row(target, draft, input_ids, attention_mask, schedule, mode=mode, gamma=gamma, params=params,
+                           max_new_tokens=max_new_tokens, eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend,
+                           vocab_size=vocab_size, draft_stop_below=draft_stop_below, on_prefill=on_prefill)
     with torch.inference_mode():
         slots = Slots(input_ids, attention_mask, target.device)
         stats = GenerationStats(mode, gamma if draft is not None else 0, schedule.name, slots.rows)
@@ -197,6 +201,24 @@ def generate(
             _decode(_Run(target, draft, verifier, settings, alpha, beta, backend), slots, rows, schedule, stats,
                     on_prefill)
     return GenerationResult(rows.tokens, rows.reasons, stats.finish())
+
+
+def _sliding(target: Decoder, draft: Draft) -> bool:
+    """Whether a model of the pair attends within a sliding window (Decoder.sliding_window)."""
+    return any(d.sliding_window for d in (target, *draft.decoders))
+
+
+def _row_by_row(target, draft, input_ids, attention_mask, schedule, **kwargs) -> GenerationResult:
+    """generate() one row at a time, the results put together: for a sliding-window model, whose window counts
+    slots, a row must never hold a hole (the rejected slots a batch keeps for rows that accepted fewer) or it
+    would see fewer than W of its own tokens. The schedule carries over from row to row."""
+    results = [generate(target, draft, input_ids[b : b + 1], None if attention_mask is None else attention_mask[b : b + 1],
+                        gamma_schedule=schedule, **kwargs) for b in range(input_ids.shape[0])]
+    first = results[0].stats
+    stats = GenerationStats(first.mode, first.gamma, first.gamma_schedule, input_ids.shape[0])
+    merge_stats([r.stats for r in results], stats)
+    return GenerationResult([t for r in results for t in r.tokens], [f for r in results for f in r.finish_reasons],
+                            stats.finish())
 
 
 def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationStats, on_prefill) -> None:
