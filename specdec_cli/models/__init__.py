@@ -2,6 +2,7 @@
 
     loading.py          LoadedModel, Family, and the one route from a spec to a model (hub included)
     causal_lm.py        causal LMs for summarize: the embedded Qwen pair and SmolLM2, GGUF files
+    gguf_linear.py      a GGUF causal LM whose linear layers run on the file's own blocks (kernels/qmatmul)
     whisper.py          Whisper models for transcribe; special token ids and prompts
     whisper_convert.py  CTranslate2 Whisper (the embedded packages) -> transformers, without ctranslate2
     compatible.py       whether a draft can draft for a target: the one rule
