@@ -14,10 +14,11 @@
 //                 Q4_1, Q5_1  value = d·q_i + m                 w_i = q_i
 //   one group   isum_l = Σ w_i·xq_i over the i with (i mod 32) / 2 = l        16 int32 lanes: exact, any order
 //               acc_l  = acc_l + float(isum_l) · (d · dx_g)                    fp32, a multiply then an add
-//   minimums    K-quants: mn_j = mn_j + float(m_j · xs_j) · (dmin · dx_g)      8 lanes, j = sub-block
-//               Q4_1, Q5_1: mn_j = mn_j + float(xs_g) · (m · dx_g)             lane j = g mod 8
-//   y           (acc_0..15 summed as a tree: l + 8, then + 4, + 2, + 1)  +  (mn_0..7 likewise: + 4, + 2, + 1)
-//               (the K-quants subtract their minimums), + bias_n, rounded once to the output dtype.
+//   minimums    per 32 elements j of the row: xsd_j = float(xs_j) · dx_g(j) (x's side, once per row) and
+//               mm_j = dmin_g · m_j (K-quants) or m_j (Q4_1, Q5_1; exact either way), zero past K / 32;
+//               mn_l = mn_l + mm_j · xsd_j for j = 16c + l, c = 0, 1, ...      16 lanes
+//   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
+//               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
 //
 // Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type: 16 · 4096 · 32767 for Q6_K),
 // so the SIMD paths may add them in any order; every float operation is listed above, in that order, and the
@@ -25,8 +26,9 @@
 // thread, the work split over N only. So a row's result does not depend on the other rows, M, the thread count,
 // or the path (AVX-512 VNNI, AVX2, portable C++).
 //
-// Cost: each weight group is unpacked once per call (per 32 rows of a long call) and applied to every row; a row
-// then costs one int16 multiply-add per weight pair (vpdpwssd: 32 per instruction).
+// Cost: each weight row is unpacked once per call (per 64 rows of a long call) and applied to every row; a row then
+// costs one int16 multiply-add per weight pair (vpdpwssd: 32 per instruction). The AVX-512 path for the K-quants
+// holds a 2 weight rows × 4 rows tile of accumulators in registers.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -50,7 +52,7 @@ namespace {
 enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };
 
-constexpr int ROW_TILE = 32;  // rows applied to one unpacked group before the next rows are taken
+constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before the next rows are taken
 constexpr int NB = 64;        // weight rows per tile (their blocks stay in L2 across row tiles)
 
 struct Format {
@@ -103,13 +105,20 @@ struct Scales {
   int16_t sc[16];                              // K-quants: sc_j (Q6_K: 16 of them, signed)
 };
 
-// Q4_K / Q5_K: 8 six-bit scales and mins packed in 12 bytes.
+// Q4_K / Q5_K: 8 six-bit scales and mins packed in 12 bytes (bytes 0–3: sc 0–3 and the top bits of sc 4–7,
+// 4–7: m 0–3 and the top bits of m 4–7, 8–11: the low four bits of sc 4–7 and m 4–7), four bytes at a time.
 void kquant_scales(const uint8_t* s, int16_t* sc, int32_t* mn) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t lo = a & 0x3f3f3f3fu, ml = b & 0x3f3f3f3fu;
+  const uint32_t hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u), mh = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
   for (int j = 0; j < 4; j++) {
-    sc[j] = s[j] & 63;
-    mn[j] = s[j + 4] & 63;
-    sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
-    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    sc[j] = (lo >> (8 * j)) & 0xff;
+    sc[j + 4] = (hi >> (8 * j)) & 0xff;
+    mn[j] = (ml >> (8 * j)) & 0xff;
+    mn[j + 4] = (mh >> (8 * j)) & 0xff;
   }
 }
 
@@ -188,13 +197,15 @@ void unpack_portable(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The activations: xq [M, K] int16, dx [M, K / G], xs [M, K / 32] (see the top).
+// The activations: xq [M, K] int16, dx [M, K / G], xsd [M, S16] (see the top; S16 = K / 32 rounded up to 16).
+
+inline int64_t s16(int64_t K) { return (K / 32 + 15) / 16 * 16; }
 
 template <typename T>
 float load_f(const T* p, int64_t i) { return static_cast<float>(p[i]); }
 
 template <typename T>
-void quantize_row_portable(const T* x, int64_t K, int G, int16_t* xq, float* dx, int32_t* xs) {
+void quantize_row_portable(const T* x, int64_t K, int G, int16_t* xq, float* dx, float* xsd) {
   for (int64_t g = 0; g < K / G; g++) {
     float amax = 0.f;
     for (int i = 0; i < G; i++) amax = std::max(amax, std::fabs(load_f(x, g * G + i)));
@@ -206,15 +217,16 @@ void quantize_row_portable(const T* x, int64_t K, int G, int16_t* xq, float* dx,
       xq[g * G + i] = (int16_t)v;
     }
   }
-  for (int64_t j = 0; j < K / 32; j++) {
+  for (int64_t j = 0; j < s16(K); j++) {
+    if (j >= K / 32) { xsd[j] = 0.f; continue; }
     int32_t t = 0;
     for (int i = 0; i < 32; i++) t += xq[j * 32 + i];
-    xs[j] = t;
+    xsd[j] = (float)t * dx[j * 32 / G];
   }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The per-row float steps, shared by every path (scalar: a few per group).
+// The per-row float steps, shared by every path.
 
 inline float tree16(const float* a) {
   float t8[8], t4[4];
@@ -224,43 +236,53 @@ inline float tree16(const float* a) {
   return t2a + t2b;
 }
 
-inline float tree8(const float* a) {
-  float t4[4];
-  for (int l = 0; l < 4; l++) t4[l] = a[l] + a[l + 4];
-  float t2a = t4[0] + t4[2], t2b = t4[1] + t4[3];
-  return t2a + t2b;
-}
-
 struct Call {
   const uint8_t* w;
-  int64_t N, K, M, row_bytes;
+  int64_t N, K, M, row_bytes, S16;
   int qtype;
   Format f;
   const int16_t* xq;
   const float* dx;
-  const int32_t* xs;
+  const float* xsd;   // [M, S16]
   const float* bias;  // [N] or null
   float* y;           // [M, N] fp32
 };
 
-// The minimum lanes' step for one group of one row (every path: scalar, 8 lanes at most).
-inline void min_step(const Call& c, const Scales& s, int64_t m, int64_t g, float* mn) {
-  float dxg = c.dx[m * (c.K / c.f.G) + g];
-  if (c.f.kmin) {
-    float t = s.dmin * dxg;
-    const int32_t* xs = c.xs + m * (c.K / 32) + g * 8;
-    for (int j = 0; j < 8; j++) mn[j] = mn[j] + (float)(s.mins[j] * xs[j]) * t;
-  } else if (c.f.lmin) {
-    float t = s.m * dxg;
-    int j = (int)(g % 8);
-    mn[j] = mn[j] + (float)c.xs[m * (c.K / 32) + g] * t;
+// One group's minimums into mm (8 for a K-quant group, 1 for Q4_1 / Q5_1): dmin_g · m_j, or m_g. Exact.
+inline void group_mins(const Format& f, const Scales& s, int64_t g, float* mm) {
+  if (f.kmin)
+    for (int j = 0; j < 8; j++) mm[g * 8 + j] = s.dmin * (float)s.mins[j];
+  else if (f.lmin)
+    mm[g] = s.m;
+}
+
+// A weight row's minimums per 32 elements, mm[S16] (zero past K / 32): dmin_g · m_j, or m_g. Exact.
+void row_mins(const Call& c, const uint8_t* row, float* mm) {
+  std::fill(mm, mm + c.S16, 0.f);
+  for (int64_t g = 0; g < c.K / c.f.G; g++) {
+    const uint8_t* b = row + g * c.f.block_bytes;
+    if (c.f.kmin) {
+      int16_t sc[8];
+      int32_t mn[8];
+      kquant_scales(b + 4, sc, mn);
+      float dmin = fp16_to_fp32(rd16(b + 2));
+      for (int j = 0; j < 8; j++) mm[g * 8 + j] = dmin * (float)mn[j];
+    } else if (c.f.lmin) {
+      mm[g] = fp16_to_fp32(rd16(b + 2));
+    }
   }
 }
 
-inline float finish(const Call& c, const float* acc, const float* mn, int64_t n) {
-  float y = tree16(acc);
-  if (c.f.kmin) y = y - tree8(mn);
-  else if (c.f.lmin) y = y + tree8(mn);
+inline void min_lanes_portable(const float* mm, const float* xsd, int64_t S16, float* mn) {
+  for (int l = 0; l < 16; l++) mn[l] = 0.f;
+  for (int64_t j = 0; j < S16; j += 16)
+    for (int l = 0; l < 16; l++) mn[l] = mn[l] + mm[j + l] * xsd[j + l];
+}
+
+inline float finish(const Call& c, float yacc, float ymn, int64_t n) {
+  float y = yacc;
+  if (c.f.kmin) y = y - ymn;
+  else if (c.f.lmin) y = y + ymn;
   if (c.bias) y = y + c.bias[n];
   return y;
 }
@@ -276,13 +298,13 @@ void isum_portable(const int16_t* w, const int16_t* x, int G, int32_t* lanes) {
 void tile_portable(const Call& c, int64_t n0, int64_t n1) {
   const int G = c.f.G;
   const int64_t groups = c.K / G;
+  const bool mins = c.f.kmin || c.f.lmin;
   alignas(64) int16_t w[256];
-  std::vector<float> acc(ROW_TILE * 16), mn(ROW_TILE * 8);
+  std::vector<float> acc(ROW_TILE * 16), mm(c.S16);
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t mt = std::min<int64_t>(ROW_TILE, c.M - m0);
     for (int64_t n = n0; n < n1; n++) {
       std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(mn.begin(), mn.end(), 0.f);
       const uint8_t* row = c.w + n * c.row_bytes;
       for (int64_t g = 0; g < groups; g++) {
         Scales s;
@@ -293,10 +315,14 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
           isum_portable(w, c.xq + m * c.K + g * G, G, lanes);
           float sc = s.d * c.dx[m * groups + g];
           for (int l = 0; l < 16; l++) acc[r * 16 + l] = acc[r * 16 + l] + (float)lanes[l] * sc;
-          min_step(c, s, m, g, &mn[r * 8]);
         }
       }
-      for (int64_t r = 0; r < mt; r++) c.y[(m0 + r) * c.N + n] = finish(c, &acc[r * 16], &mn[r * 8], n);
+      if (mins) row_mins(c, row, mm.data());
+      for (int64_t r = 0; r < mt; r++) {
+        float mn[16] = {0.f};
+        if (mins) min_lanes_portable(mm.data(), c.xsd + (m0 + r) * c.S16, c.S16, mn);
+        c.y[(m0 + r) * c.N + n] = finish(c, tree16(&acc[r * 16]), tree16(mn), n);
+      }
     }
   }
 }
@@ -307,11 +333,14 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
 
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 
+// fp16 → fp32 in hardware: the same exact value as fp16_to_fp32
+__attribute__((target("f16c"))) inline float f16c(uint16_t h) { return _cvtsh_ss(h); }
+
 AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
   const __m256i lo4 = _mm256_set1_epi8(15);
   if (qtype == Q4_K) {
-    s.d = fp16_to_fp32(rd16(b));
-    s.dmin = fp16_to_fp32(rd16(b + 2));
+    s.d = f16c(rd16(b));
+    s.dmin = f16c(rd16(b + 2));
     kquant_scales(b + 4, s.sc, s.mins);
     const uint8_t* qs = b + 16;
     for (int c = 0; c < 4; c++) {
@@ -327,7 +356,7 @@ AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
   } else if (qtype == Q6_K) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t* sc = (const int8_t*)(b + 192);
-    s.d = fp16_to_fp32(rd16(b + 208));
+    s.d = f16c(rd16(b + 208));
     const __m256i three = _mm256_set1_epi8(3), k32 = _mm256_set1_epi16(32);
     for (int h = 0; h < 2; h++) {
       __m256i vh = _mm256_loadu_si256((const __m256i*)(qh + 32 * h));
@@ -344,7 +373,7 @@ AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
       }
     }
   } else if (qtype == Q8_0) {
-    s.d = fp16_to_fp32(rd16(b));
+    s.d = f16c(rd16(b));
     __m256i v = _mm256_loadu_si256((const __m256i*)(b + 2));
     _mm256_store_si256((__m256i*)w, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
     _mm256_store_si256((__m256i*)(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
@@ -360,13 +389,14 @@ AVX2_FN inline __m256i madd2(__m256i acc, __m256i a, __m256i b) {
 AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
   const int G = c.f.G, chunks = G / 32;
   const int64_t groups = c.K / G;
+  const bool mins = c.f.kmin || c.f.lmin;
   alignas(64) int16_t w[256];
-  alignas(64) float acc[ROW_TILE * 16], mn[ROW_TILE * 8];
+  alignas(64) float acc[ROW_TILE * 16];
+  std::vector<float> mm(c.S16);
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t mt = std::min<int64_t>(ROW_TILE, c.M - m0);
     for (int64_t n = n0; n < n1; n++) {
       std::memset(acc, 0, sizeof(acc));
-      std::memset(mn, 0, sizeof(mn));
       const uint8_t* row = c.w + n * c.row_bytes;
       for (int64_t g = 0; g < groups; g++) {
         Scales s;
@@ -383,10 +413,14 @@ AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
           float* ar = acc + r * 16;
           _mm256_store_ps(ar, _mm256_add_ps(_mm256_load_ps(ar), _mm256_mul_ps(_mm256_cvtepi32_ps(a0), sc)));
           _mm256_store_ps(ar + 8, _mm256_add_ps(_mm256_load_ps(ar + 8), _mm256_mul_ps(_mm256_cvtepi32_ps(a1), sc)));
-          min_step(c, s, m, g, mn + r * 8);
         }
       }
-      for (int64_t r = 0; r < mt; r++) c.y[(m0 + r) * c.N + n] = finish(c, acc + r * 16, mn + r * 8, n);
+      if (mins) row_mins(c, row, mm.data());
+      for (int64_t r = 0; r < mt; r++) {
+        float mn[16] = {0.f};
+        if (mins) min_lanes_portable(mm.data(), c.xsd + (m0 + r) * c.S16, c.S16, mn);
+        c.y[(m0 + r) * c.N + n] = finish(c, tree16(acc + r * 16), tree16(mn), n);
+      }
     }
   }
 }
@@ -400,8 +434,8 @@ VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
   const __m256i lo4 = _mm256_set1_epi8(15);
   if (qtype == Q4_K || qtype == Q5_K) {
     bool five = qtype == Q5_K;
-    s.d = fp16_to_fp32(rd16(b));
-    s.dmin = fp16_to_fp32(rd16(b + 2));
+    s.d = f16c(rd16(b));
+    s.dmin = f16c(rd16(b + 2));
     kquant_scales(b + 4, s.sc, s.mins);
     const uint8_t* qs = b + (five ? 48 : 16);
     __m256i vh = five ? _mm256_loadu_si256((const __m256i*)(b + 16)) : _mm256_setzero_si256();
@@ -415,13 +449,13 @@ VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
         lo = _mm256_or_si256(lo, _mm256_slli_epi16(bl, 4));
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(bh, 4));
       }
-      _mm512_store_si512(w + 64 * c, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(s.sc[2 * c])));
-      _mm512_store_si512(w + 64 * c + 32, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(s.sc[2 * c + 1])));
+      _mm512_storeu_si512(w + 64 * c, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(s.sc[2 * c])));
+      _mm512_storeu_si512(w + 64 * c + 32, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(s.sc[2 * c + 1])));
     }
   } else if (qtype == Q6_K) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t* sc = (const int8_t*)(b + 192);
-    s.d = fp16_to_fp32(rd16(b + 208));
+    s.d = f16c(rd16(b + 208));
     const __m256i three = _mm256_set1_epi8(3);
     const __m512i k32 = _mm512_set1_epi16(32);
     for (int h = 0; h < 2; h++) {
@@ -434,14 +468,14 @@ VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
         int e = 128 * h + 32 * sh;
         __m512i scv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[e / 16])),
                                          _mm256_set1_epi16(sc[e / 16 + 1]), 1);
-        _mm512_store_si512(w + e, _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q), k32), scv));
+        _mm512_storeu_si512(w + e, _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q), k32), scv));
       }
     }
   } else if (qtype == Q8_0) {
-    s.d = fp16_to_fp32(rd16(b));
-    _mm512_store_si512(w, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2))));
+    s.d = f16c(rd16(b));
+    _mm512_storeu_si512(w, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2))));
   } else if (qtype == Q5_0) {
-    s.d = fp16_to_fp32(rd16(b));
+    s.d = f16c(rd16(b));
     uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
     __m128i qs = _mm_loadu_si128((const __m128i*)(b + 6));
@@ -449,102 +483,130 @@ VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
     __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
                                         _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
     q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(16));
-    _mm512_store_si512(w, _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16)));
+    _mm512_storeu_si512(w, _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16)));
   } else {
     unpack_portable(qtype, b, w, s);
   }
 }
 
-VNNI_FN inline __attribute__((always_inline)) __m512i dot32(__m512i acc, __m512i a, __m512i b) {
-  return _mm512_dpwssd_epi32(acc, a, b);  // 16 lanes += pairs of int16 products
+VNNI_FN inline __attribute__((always_inline)) float tree16_avx512(__m512 a) {  // tree16, in registers
+  __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // [t4_0 + t4_2, t4_1 + t4_3, ..]
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
 }
 
-// One group (G = 256: 8 chunks held in registers) applied to rows m0 .. m0+mt of the tile.
-VNNI_FN inline __attribute__((always_inline)) void rows_group256(const Call& c, const int16_t* w, const Scales& s,
-                                                                 int64_t g, int64_t m0, int64_t mt, float* acc, float* mn) {
+VNNI_FN inline __attribute__((always_inline)) __m512 min_lanes_avx512(const float* mm, const float* xsd, int64_t S16) {
+  __m512 mn = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S16; j += 16)
+    mn = _mm512_add_ps(mn, _mm512_mul_ps(_mm512_loadu_ps(mm + j), _mm512_loadu_ps(xsd + j)));
+  return mn;
+}
+
+// One weight row unpacked whole: w[K] int16, d[K / G], mm[S16].
+struct RowBuf {
+  std::vector<int16_t> w;
+  std::vector<float> d, mm;
+  RowBuf(const Call& c) : w(c.K + 32), d(c.K / c.f.G), mm(c.S16) {}
+};
+
+VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) {
+  const uint8_t* row = c.w + n * c.row_bytes;
+  for (int64_t g = 0; g < c.K / c.f.G; g++) {
+    Scales s;
+    unpack_avx512(c.qtype, row + g * c.f.block_bytes, rb.w.data() + g * c.f.G, s);
+    rb.d[g] = s.d;
+    group_mins(c.f, s, g, rb.mm.data());
+  }
+}
+
+// NR weight rows × MR rows, G = 256: the accumulators stay in registers over the groups.
+template <int NR, int MR>
+VNNI_FN inline __attribute__((always_inline)) void micro256(const Call& c, RowBuf* const* rb, int64_t n, int64_t m) {
   const int64_t groups = c.K / 256;
-  __m512i wv[8];
-  for (int k = 0; k < 8; k++) wv[k] = _mm512_load_si512(w + 32 * k);
-  int64_t r = 0;
-  for (; r + 2 <= mt; r += 2) {  // two rows at a time: four independent chains
-    const int16_t* x0 = c.xq + (m0 + r) * c.K + g * 256;
-    const int16_t* x1 = x0 + c.K;
-    __m512i a0 = _mm512_setzero_si512(), b0 = _mm512_setzero_si512();
-    __m512i a1 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k += 2) {
-      a0 = dot32(a0, wv[k], _mm512_loadu_si512(x0 + 32 * k));
-      b0 = dot32(b0, wv[k + 1], _mm512_loadu_si512(x0 + 32 * k + 32));
-      a1 = dot32(a1, wv[k], _mm512_loadu_si512(x1 + 32 * k));
-      b1 = dot32(b1, wv[k + 1], _mm512_loadu_si512(x1 + 32 * k + 32));
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+  const int16_t* xr[MR];
+  for (int i = 0; i < MR; i++) xr[i] = c.xq + (m + i) * c.K;
+  for (int64_t g = 0; g < groups; g++) {
+    __m512i is[NR][MR];
+    for (int r = 0; r < NR; r++)
+      for (int i = 0; i < MR; i++) is[r][i] = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++) {
+      __m512i wv[NR], xv[MR];
+      for (int r = 0; r < NR; r++) wv[r] = _mm512_loadu_si512(rb[r]->w.data() + g * 256 + 32 * k);
+      for (int i = 0; i < MR; i++) xv[i] = _mm512_loadu_si512(xr[i] + g * 256 + 32 * k);
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[r][i] = _mm512_dpwssd_epi32(is[r][i], wv[r], xv[i]);
     }
-    for (int j = 0; j < 2; j++) {
-      const int64_t m = m0 + r + j;
-      __m512i isum = _mm512_add_epi32(j ? a1 : a0, j ? b1 : b0);
-      __m512 sc = _mm512_set1_ps(s.d * c.dx[m * groups + g]);
-      float* ar = acc + (r + j) * 16;
-      _mm512_store_ps(ar, _mm512_add_ps(_mm512_load_ps(ar), _mm512_mul_ps(_mm512_cvtepi32_ps(isum), sc)));
-    }
+    for (int r = 0; r < NR; r++)
+      for (int i = 0; i < MR; i++) {
+        float sc = rb[r]->d[g] * c.dx[(m + i) * groups + g];
+        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[r][i]), _mm512_set1_ps(sc)));
+      }
   }
-  for (; r < mt; r++) {
-    const int16_t* x0 = c.xq + (m0 + r) * c.K + g * 256;
-    __m512i a0 = _mm512_setzero_si512(), b0 = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k += 2) {
-      a0 = dot32(a0, wv[k], _mm512_loadu_si512(x0 + 32 * k));
-      b0 = dot32(b0, wv[k + 1], _mm512_loadu_si512(x0 + 32 * k + 32));
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) {
+      float ymn = 0.f;
+      if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rb[r]->mm.data(), c.xsd + (m + i) * c.S16, c.S16));
+      c.y[(m + i) * c.N + n + r] = finish(c, tree16_avx512(acc[r][i]), ymn, n + r);
     }
-    __m512 sc = _mm512_set1_ps(s.d * c.dx[(m0 + r) * groups + g]);
-    float* ar = acc + r * 16;
-    _mm512_store_ps(ar, _mm512_add_ps(_mm512_load_ps(ar), _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, b0)), sc)));
-  }
-  if (c.f.kmin) {  // mn_j += float(m_j · xs_j) · (dmin · dx): 8 lanes
-    __m256i mv = _mm256_loadu_si256((const __m256i*)s.mins);
-    for (r = 0; r < mt; r++) {
-      const int64_t m = m0 + r;
-      __m256i xs = _mm256_loadu_si256((const __m256i*)(c.xs + m * (c.K / 32) + g * 8));
-      __m256 t = _mm256_set1_ps(s.dmin * c.dx[m * groups + g]);
-      float* mr = mn + r * 8;
-      _mm256_store_ps(mr, _mm256_add_ps(_mm256_load_ps(mr), _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(mv, xs)), t)));
-    }
+}
+
+template <int NR>
+VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, int64_t m1) {
+  int64_t m = m0;
+  for (; m + 4 <= m1; m += 4) micro256<NR, 4>(c, rb, n, m);
+  switch (m1 - m) {
+    case 3: micro256<NR, 3>(c, rb, n, m); break;
+    case 2: micro256<NR, 2>(c, rb, n, m); break;
+    case 1: micro256<NR, 1>(c, rb, n, m); break;
   }
 }
 
 VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
   const int G = c.f.G;
   const int64_t groups = c.K / G;
-  alignas(64) int16_t w[256];
-  alignas(64) float acc[ROW_TILE * 16], mn[ROW_TILE * 8];
+  const bool mins = c.f.kmin || c.f.lmin;
+  RowBuf b0(c), b1(c);
+  RowBuf* rb[2] = {&b0, &b1};
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
-    const int64_t mt = std::min<int64_t>(ROW_TILE, c.M - m0);
-    for (int64_t n = n0; n < n1; n++) {
-      std::memset(acc, 0, mt * 16 * sizeof(float));
-      std::memset(mn, 0, mt * 8 * sizeof(float));
-      const uint8_t* row = c.w + n * c.row_bytes;
-      if (n + 1 < n1) _mm_prefetch((const char*)(row + c.row_bytes), _MM_HINT_T0);
-      for (int64_t g = 0; g < groups; g++) {
-        Scales s;
-        unpack_avx512(c.qtype, row + g * c.f.block_bytes, w, s);
-        if (G == 256) {
-          rows_group256(c, w, s, g, m0, mt, acc, mn);
-          continue;
-        }
-        __m512i wv = _mm512_load_si512(w);
-        for (int64_t r = 0; r < mt; r++) {
-          const int64_t m = m0 + r;
-          __m512i isum = dot32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(c.xq + m * c.K + g * 32));
-          __m512 sc = _mm512_set1_ps(s.d * c.dx[m * groups + g]);
-          float* ar = acc + r * 16;
-          _mm512_store_ps(ar, _mm512_add_ps(_mm512_load_ps(ar), _mm512_mul_ps(_mm512_cvtepi32_ps(isum), sc)));
-          min_step(c, s, m, g, mn + r * 8);
-        }
+    const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
+    if (G == 256) {
+      int64_t n = n0;
+      for (; n + 2 <= n1; n += 2) {
+        unpack_row_avx512(c, n, b0);
+        unpack_row_avx512(c, n + 1, b1);
+        rows256<2>(c, rb, n, m0, m1);
       }
-      for (int64_t r = 0; r < mt; r++) c.y[(m0 + r) * c.N + n] = finish(c, acc + r * 16, mn + r * 8, n);
+      if (n < n1) {
+        unpack_row_avx512(c, n, b0);
+        rows256<1>(c, rb, n, m0, m1);
+      }
+      continue;
+    }
+    for (int64_t n = n0; n < n1; n++) {  // G = 32: a group is one chunk
+      unpack_row_avx512(c, n, b0);
+      for (int64_t m = m0; m < m1; m++) {
+        const int16_t* x = c.xq + m * c.K;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+          __m512i isum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(b0.w.data() + g * 32),
+                                             _mm512_loadu_si512(x + g * 32));
+          float sc = b0.d[g] * c.dx[m * groups + g];
+          acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(sc)));
+        }
+        float ymn = mins ? tree16_avx512(min_lanes_avx512(b0.mm.data(), c.xsd + m * c.S16, c.S16)) : 0.f;
+        c.y[m * c.N + n] = finish(c, tree16_avx512(acc), ymn, n);
+      }
     }
   }
 }
 
 // The activations' quantisation with AVX-512 (same values as the portable one: max, one fp32 multiply, rint).
 template <typename T>
-VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, float* dx, int32_t* xs) {
+VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, float* dx, float* xsd) {
   alignas(64) float buf[256];
   for (int64_t g = 0; g < K / G; g++) {
     __m512 mx = _mm512_setzero_ps();
@@ -568,12 +630,12 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, floa
       __m512i lim = _mm512_set1_epi32(32767), nlim = _mm512_set1_epi32(-32767);
       a = _mm512_max_epi32(_mm512_min_epi32(a, lim), nlim);
       b = _mm512_max_epi32(_mm512_min_epi32(b, lim), nlim);
-      __m256i a16 = _mm512_cvtepi32_epi16(a), b16 = _mm512_cvtepi32_epi16(b);
-      _mm256_storeu_si256((__m256i*)(xq + g * G + i), a16);
-      _mm256_storeu_si256((__m256i*)(xq + g * G + i + 16), b16);
-      xs[(g * G + i) / 32] = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+      _mm256_storeu_si256((__m256i*)(xq + g * G + i), _mm512_cvtepi32_epi16(a));
+      _mm256_storeu_si256((__m256i*)(xq + g * G + i + 16), _mm512_cvtepi32_epi16(b));
+      xsd[(g * G + i) / 32] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)) * dx[g];
     }
   }
+  for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
 }
 #endif  // QMM_X86
 
@@ -606,16 +668,16 @@ int best_path() {
 }
 
 template <typename T>
-void quantize_rows(const T* x, int64_t M, int64_t K, int G, int path, int16_t* xq, float* dx, int32_t* xs) {
+void quantize_rows(const T* x, int64_t M, int64_t K, int G, int path, int16_t* xq, float* dx, float* xsd) {
   at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
 #if QMM_X86
       if (path == AVX512VNNI) {
-        quantize_row_avx512<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xs + m * (K / 32));
+        quantize_row_avx512<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xsd + m * s16(K));
         continue;
       }
 #endif
-      quantize_row_portable<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xs + m * (K / 32));
+      quantize_row_portable<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xsd + m * s16(K));
     }
   });
 }
@@ -639,19 +701,19 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   if (M == 0 || N == 0) return out.to(x.scalar_type());
   std::vector<int16_t> xq(M * K);
   std::vector<float> dx(M * (K / f.G));
-  std::vector<int32_t> xs(M * (K / 32));
+  std::vector<float> xsd(M * s16(K));
   if (x.scalar_type() == at::kFloat)
-    quantize_rows<float>(x.data_ptr<float>(), M, K, f.G, (int)path, xq.data(), dx.data(), xs.data());
+    quantize_rows<float>(x.data_ptr<float>(), M, K, f.G, (int)path, xq.data(), dx.data(), xsd.data());
   else
-    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), M, K, f.G, (int)path, xq.data(), dx.data(), xs.data());
+    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), M, K, f.G, (int)path, xq.data(), dx.data(), xsd.data());
   torch::Tensor b;
   if (bias && bias->defined()) {
     b = bias->to(at::kFloat).contiguous();
     TORCH_CHECK(b.numel() == N, "qmatmul: bias must be [N]");
   }
-  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, (int)qtype, f, xq.data(), dx.data(), xs.data(),
+  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, xq.data(), dx.data(), xsd.data(),
          b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>()};
-  const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(1, N / (4 * at::get_num_threads())));
+  const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t a = n0; a < n1; a += NB) {
       const int64_t e = std::min(n1, a + NB);

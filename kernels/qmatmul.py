@@ -74,7 +74,9 @@ def _build():
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     return cpp_extension.load(
         name=f"specdec_qmatmul_{key}", sources=[str(SOURCE)], build_directory=str(where),
-        extra_cflags=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"], verbose=False)
+        extra_cflags=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP in torch's CPU builds: libgomp.so.1, torch's own at run time
+        verbose=False)
 
 
 def extension():
@@ -134,15 +136,25 @@ def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
 # The twin: qmatmul.cpp's arithmetic in torch ops (see its top), for machines where it does not build, and tests.
 
 
+def _s16(K: int) -> int:
+    return (K // 32 + 15) // 16 * 16
+
+
+def _pad16(t: torch.Tensor) -> torch.Tensor:
+    """[..., K / 32] -> [..., S16], zeros after."""
+    return torch.nn.functional.pad(t, (0, _s16(t.shape[-1] * 32) - t.shape[-1]))
+
+
 def quantize_rows(x: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] -> xq [M, K] int64 (|xq| ≤ 32767), dx [M, K / G] fp32, xs [M, K / 32] int64 (sums per 32)."""
+    """x [M, K] -> xq [M, K] int64 (|xq| ≤ 32767), dx [M, K / G] fp32, xsd [M, S16] fp32 (sums per 32 · dx)."""
     M, K = x.shape
     xf = x.float().reshape(M, K // G, G)
     amax = xf.abs().amax(-1)
     inv = torch.where(amax > 0, torch.tensor(32767.0) / amax, torch.zeros(()))
     dx = amax / torch.tensor(32767.0)
     xq = torch.round(xf * inv.unsqueeze(-1)).clamp_(-32767, 32767).to(torch.int64).reshape(M, K)
-    return xq, dx, xq.reshape(M, K // 32, 32).sum(-1)
+    xsd = xq.reshape(M, K // 32, 32).sum(-1).float() * dx.repeat_interleave(G // 32, 1)
+    return xq, dx, _pad16(xsd)
 
 
 def _tree(a: torch.Tensor) -> torch.Tensor:
@@ -158,7 +170,7 @@ def twin_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
     """x [M, K] -> [M, N] fp32, bit for bit what gguf_mm computes."""
     name = gb.type_name(qtype)
     G = 256 if name.endswith("_k") else 32
-    xq, dx, xs = quantize_rows(x, G)
+    xq, dx, xsd = quantize_rows(x, G)
     M, groups = x.shape[0], K // G
     xl = xq.double().reshape(M, groups, G // 32, 16, 2)
     rb = gb.row_bytes(name, K)
@@ -170,16 +182,14 @@ def twin_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
         wl = u.w.double().reshape(n1 - n0, groups, G // 32, 16, 2)
         isum = torch.einsum("ngclp,mgclp->mngl", wl, xl)  # exact integers (< 2³¹) in fp64
         acc = torch.zeros(M, n1 - n0, 16)
-        mn = torch.zeros(M, n1 - n0, 8)
         for g in range(groups):
             acc = acc + isum[:, :, g, :].float() * (u.d[None, :, g] * dx[:, None, g]).unsqueeze(-1)
-            if u.mins is not None:
-                imin = u.mins[None, :, g, :].long() * xs[:, None, g * 8:(g + 1) * 8]
-                mn = mn + imin.float() * (u.dmin[None, :, g] * dx[:, None, g]).unsqueeze(-1)
-            elif u.m is not None:
-                j = g % 8
-                mn[..., j] = mn[..., j] + xs[:, None, g].float() * (u.m[None, :, g] * dx[:, None, g])
         y = _tree(acc)
+        mn = torch.zeros(M, n1 - n0, 16)
+        if u.mins is not None or u.m is not None:
+            mm = _pad16((u.dmin.unsqueeze(-1) * u.mins.float()).flatten(1) if u.mins is not None else u.m)
+            for j in range(0, mm.shape[1], 16):
+                mn = mn + mm[None, :, j:j + 16] * xsd[:, None, j:j + 16]
         if u.mins is not None:
             y = y - _tree(mn)
         elif u.m is not None:
