@@ -516,7 +516,11 @@ VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) {
     Scales s;
     unpack_avx512(c.qtype, row + g * c.f.block_bytes, rb.w.data() + g * c.f.G, s);
     rb.d[g] = s.d;
-    group_mins(c.f, s, g, rb.mm.data());
+    if (c.f.kmin)  // group_mins, 8 at once: dmin · float(m_j), the same products
+      _mm256_storeu_ps(rb.mm.data() + g * 8, _mm256_mul_ps(_mm256_set1_ps(s.dmin),
+                                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)s.mins))));
+    else
+      group_mins(c.f, s, g, rb.mm.data());
   }
 }
 
