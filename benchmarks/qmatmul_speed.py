@@ -89,10 +89,20 @@ def make_ao_i8wo(N, K, cache_mb):
 
 
 def make_inductor(kind):
+    """torch.compile(max-autotune) of the weight-only int8 / int4 product: the weights are arguments (one compile
+    per shape and M, whichever copy is passed)."""
+
     def make(N, K, cache_mb):
-        base = (make_int8pack if kind == "i8" else make_int4pack)(N, K, cache_mb)
-        compiled = torch.compile(lambda x, i: base(x, i), mode="max-autotune", dynamic=False)
-        return compiled
+        if kind == "i8":
+            ws = [(torch.randint(-127, 128, (N, K), dtype=torch.int8), torch.rand(N, dtype=torch.bfloat16) * 1e-3)
+                  for _ in range(_copies(N * K, cache_mb))]
+            fn = torch.compile(lambda x, w, s: torch._weight_int8pack_mm(x, w, s), mode="max-autotune", dynamic=False)
+            return lambda x, i: fn(x, *ws[i % len(ws)])
+        ws = [(torch._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (N, K), dtype=torch.int32), 2),
+               torch.rand(K // 32, N, 2, dtype=torch.bfloat16) * 1e-3) for _ in range(_copies(N * K // 2, cache_mb))]
+        fn = torch.compile(lambda x, w, sz: torch._weight_int4pack_mm_for_cpu(x, w, 32, sz), mode="max-autotune",
+                           dynamic=False)
+        return lambda x, i: fn(x, *ws[i % len(ws)])
 
     return make
 

@@ -54,6 +54,8 @@ enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };
 
 constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before the next rows are taken
 constexpr int NB = 64;        // weight rows per tile (their blocks stay in L2 across row tiles)
+constexpr int PREFETCH_ROWS = 2;  // weight rows fetched ahead of the one being unpacked
+constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
 
 struct Format {
   int G;            // elements per group (= per x scale)
@@ -120,6 +122,16 @@ void kquant_scales(const uint8_t* s, int16_t* sc, int32_t* mn) {
     mn[j] = (ml >> (8 * j)) & 0xff;
     mn[j + 4] = (mh >> (8 * j)) & 0xff;
   }
+}
+
+// The same, as 8 bytes each in one integer (byte j: sc_j, m_j): for the SIMD unpackers, no array in between.
+inline void kquant_scales8(const uint8_t* s, uint64_t& sc, uint64_t& mn) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  sc = (uint64_t)(a & 0x3f3f3f3fu) | (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+  mn = (uint64_t)(b & 0x3f3f3f3fu) | (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -431,44 +443,44 @@ AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
 VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
-  const __m256i lo4 = _mm256_set1_epi8(15);
+  // bytes widened to int16 first, nibbles cut there: a byte's high nibble is its int16's value >> 4
+  const __m512i lo4 = _mm512_set1_epi16(15);
   if (qtype == Q4_K || qtype == Q5_K) {
     bool five = qtype == Q5_K;
     s.d = f16c(rd16(b));
     s.dmin = f16c(rd16(b + 2));
-    kquant_scales(b + 4, s.sc, s.mins);
+    uint64_t sc8, m8;  // the minimums are read by unpack_groups_avx512
+    kquant_scales8(b + 4, sc8, m8);
     const uint8_t* qs = b + (five ? 48 : 16);
-    __m256i vh = five ? _mm256_loadu_si256((const __m256i*)(b + 16)) : _mm256_setzero_si256();
-    const __m256i one = _mm256_set1_epi8(1);
+    const __m512i one = _mm512_set1_epi16(1);
+    __m512i vh = five ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + 16))) : _mm512_setzero_si512();
     for (int c = 0; c < 4; c++) {
-      __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
-      __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(qs + 32 * c)));
+      __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_srli_epi16(v, 4);
       if (five) {
-        __m256i bl = _mm256_and_si256(_mm256_srl_epi16(vh, _mm_cvtsi32_si128(2 * c)), one);
-        __m256i bh = _mm256_and_si256(_mm256_srl_epi16(vh, _mm_cvtsi32_si128(2 * c + 1)), one);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(bl, 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(bh, 4));
+        lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(vh, 2 * c), one), 4));
+        hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(vh, 2 * c + 1), one), 4));
       }
-      _mm512_storeu_si512(w + 64 * c, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(s.sc[2 * c])));
-      _mm512_storeu_si512(w + 64 * c + 32, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(s.sc[2 * c + 1])));
+      _mm512_storeu_si512(w + 64 * c, _mm512_mullo_epi16(lo, _mm512_set1_epi16((sc8 >> (16 * c)) & 0xff)));
+      _mm512_storeu_si512(w + 64 * c + 32, _mm512_mullo_epi16(hi, _mm512_set1_epi16((sc8 >> (16 * c + 8)) & 0xff)));
     }
   } else if (qtype == Q6_K) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t* sc = (const int8_t*)(b + 192);
     s.d = f16c(rd16(b + 208));
-    const __m256i three = _mm256_set1_epi8(3);
-    const __m512i k32 = _mm512_set1_epi16(32);
+    const __m512i three = _mm512_set1_epi16(3), k32 = _mm512_set1_epi16(32);
     for (int h = 0; h < 2; h++) {
-      __m256i vh = _mm256_loadu_si256((const __m256i*)(qh + 32 * h));
+      __m512i vh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(qh + 32 * h)));
+      __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(ql + 64 * h)));
+      __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(ql + 64 * h + 32)));
       for (int sh = 0; sh < 4; sh++) {
-        __m256i vl = _mm256_loadu_si256((const __m256i*)(ql + 64 * h + (sh & 1) * 32));
-        __m256i q = (sh >> 1) ? _mm256_and_si256(_mm256_srli_epi16(vl, 4), lo4) : _mm256_and_si256(vl, lo4);
-        __m256i hb = _mm256_and_si256(_mm256_srl_epi16(vh, _mm_cvtsi32_si128(2 * sh)), three);
-        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+        __m512i v = (sh & 1) ? v1 : v0;
+        __m512i q = (sh >> 1) ? _mm512_srli_epi16(v, 4) : _mm512_and_si512(v, lo4);
+        q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(vh, 2 * sh), three), 4));
         int e = 128 * h + 32 * sh;
         __m512i scv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[e / 16])),
                                          _mm256_set1_epi16(sc[e / 16 + 1]), 1);
-        _mm512_storeu_si512(w + e, _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q), k32), scv));
+        _mm512_storeu_si512(w + e, _mm512_mullo_epi16(_mm512_sub_epi16(q, k32), scv));
       }
     }
   } else if (qtype == Q8_0) {
@@ -510,63 +522,98 @@ struct RowBuf {
   RowBuf(const Call& c) : w(c.K + 32), d(c.K / c.f.G), mm(c.S16) {}
 };
 
-VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) {
+// Groups [g0, g1) of weight row n: w[(g − g0)·G ..] int16, d[g], mm[g's 32-element blocks].
+VNNI_FN void unpack_groups_avx512(const Call& c, int64_t n, int64_t g0, int64_t g1, RowBuf& rb) {
   const uint8_t* row = c.w + n * c.row_bytes;
-  for (int64_t g = 0; g < c.K / c.f.G; g++) {
+  // the same bytes two rows ahead, a cache line at a time as these are read
+  const uint8_t* ahead = n + PREFETCH_ROWS < c.N ? row + PREFETCH_ROWS * c.row_bytes : nullptr;
+  for (int64_t g = g0; g < g1; g++) {
+    const uint8_t* b = row + g * c.f.block_bytes;
+    if (ahead)
+      for (int64_t l = 0; l < c.f.block_bytes; l += 64) _mm_prefetch((const char*)(ahead + (b - row) + l), _MM_HINT_T0);
     Scales s;
-    unpack_avx512(c.qtype, row + g * c.f.block_bytes, rb.w.data() + g * c.f.G, s);
+    unpack_avx512(c.qtype, b, rb.w.data() + (g - g0) * c.f.G, s);
     rb.d[g] = s.d;
-    if (c.f.kmin)  // group_mins, 8 at once: dmin · float(m_j), the same products
-      _mm256_storeu_ps(rb.mm.data() + g * 8, _mm256_mul_ps(_mm256_set1_ps(s.dmin),
-                                                           _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)s.mins))));
-    else
+    if (c.f.kmin) {  // group_mins, 8 at once: dmin · float(m_j), the same products
+      uint64_t sc8, m8;
+      kquant_scales8(b + 4, sc8, m8);
+      __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)));
+      _mm256_storeu_ps(rb.mm.data() + g * 8, _mm256_mul_ps(_mm256_set1_ps(s.dmin), mf));
+    } else
       group_mins(c.f, s, g, rb.mm.data());
   }
 }
 
-// NR weight rows × MR rows, G = 256: the accumulators stay in registers over the groups.
+VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) { unpack_groups_avx512(c, n, 0, c.K / c.f.G, rb); }
+
+// NR weight rows × MR rows over groups [g0, g1) (G = 256): the accumulators stay in registers across the groups,
+// in accm [NR][ROW_TILE][16] between calls.
 template <int NR, int MR>
-VNNI_FN inline __attribute__((always_inline)) void micro256(const Call& c, RowBuf* const* rb, int64_t n, int64_t m) {
+VNNI_FN inline __attribute__((always_inline)) void micro256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1,
+                                                            int64_t m, int64_t mrow, float* accm) {
   const int64_t groups = c.K / 256;
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; r++)
-    for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) acc[r][i] = _mm512_load_ps(accm + (r * ROW_TILE + mrow + i) * 16);
   const int16_t* xr[MR];
   for (int i = 0; i < MR; i++) xr[i] = c.xq + (m + i) * c.K;
-  for (int64_t g = 0; g < groups; g++) {
-    __m512i is[NR][MR];
-    for (int r = 0; r < NR; r++)
-      for (int i = 0; i < MR; i++) is[r][i] = _mm512_setzero_si512();
+  // CH independent integer chains per accumulator (summed after: exact), so that a small tile is not bound by
+  // vpdpwssd's latency
+  constexpr int CH = NR * MR >= 8 ? 1 : NR * MR >= 4 ? 2 : 4;
+  for (int64_t g = g0; g < g1; g++) {
+    __m512i is[CH][NR][MR];
+    for (int h = 0; h < CH; h++)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[h][r][i] = _mm512_setzero_si512();
     for (int k = 0; k < 8; k++) {
       __m512i wv[NR], xv[MR];
-      for (int r = 0; r < NR; r++) wv[r] = _mm512_loadu_si512(rb[r]->w.data() + g * 256 + 32 * k);
+      for (int r = 0; r < NR; r++) wv[r] = _mm512_loadu_si512(rb[r]->w.data() + (g - g0) * 256 + 32 * k);
       for (int i = 0; i < MR; i++) xv[i] = _mm512_loadu_si512(xr[i] + g * 256 + 32 * k);
       for (int r = 0; r < NR; r++)
-        for (int i = 0; i < MR; i++) is[r][i] = _mm512_dpwssd_epi32(is[r][i], wv[r], xv[i]);
+        for (int i = 0; i < MR; i++) is[k % CH][r][i] = _mm512_dpwssd_epi32(is[k % CH][r][i], wv[r], xv[i]);
     }
+    for (int h = 1; h < CH; h++)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_add_epi32(is[0][r][i], is[h][r][i]);
     for (int r = 0; r < NR; r++)
       for (int i = 0; i < MR; i++) {
         float sc = rb[r]->d[g] * c.dx[(m + i) * groups + g];
-        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[r][i]), _mm512_set1_ps(sc)));
+        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[0][r][i]), _mm512_set1_ps(sc)));
       }
   }
   for (int r = 0; r < NR; r++)
-    for (int i = 0; i < MR; i++) {
-      float ymn = 0.f;
-      if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rb[r]->mm.data(), c.xsd + (m + i) * c.S16, c.S16));
-      c.y[(m + i) * c.N + n + r] = finish(c, tree16_avx512(acc[r][i]), ymn, n + r);
-    }
+    for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + mrow + i) * 16, acc[r][i]);
 }
 
 template <int NR>
-VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, int64_t m1) {
+VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1, int64_t m0, int64_t m1, float* accm) {
   int64_t m = m0;
-  for (; m + 4 <= m1; m += 4) micro256<NR, 4>(c, rb, n, m);
+  for (; m + 4 <= m1; m += 4) micro256<NR, 4>(c, rb, g0, g1, m, m - m0, accm);
   switch (m1 - m) {
-    case 3: micro256<NR, 3>(c, rb, n, m); break;
-    case 2: micro256<NR, 2>(c, rb, n, m); break;
-    case 1: micro256<NR, 1>(c, rb, n, m); break;
+    case 3: micro256<NR, 3>(c, rb, g0, g1, m, m - m0, accm); break;
+    case 2: micro256<NR, 2>(c, rb, g0, g1, m, m - m0, accm); break;
+    case 1: micro256<NR, 1>(c, rb, g0, g1, m, m - m0, accm); break;
   }
+}
+
+// Weight rows n .. n+NR−1 for rows m0 .. m1: groups a chunk at a time (the unpacked chunk stays in L1), then the
+// minimums and the trees.
+template <int NR>
+VNNI_FN void rows_kquant(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, int64_t m1, float* accm) {
+  const int64_t groups = c.K / 256;
+  for (int r = 0; r < NR; r++)
+    for (int64_t i = 0; i < m1 - m0; i++) _mm512_store_ps(accm + (r * ROW_TILE + i) * 16, _mm512_setzero_ps());
+  for (int64_t g0 = 0; g0 < groups; g0 += GROUP_CHUNK) {
+    const int64_t g1 = std::min<int64_t>(groups, g0 + GROUP_CHUNK);
+    for (int r = 0; r < NR; r++) unpack_groups_avx512(c, n + r, g0, g1, *rb[r]);
+    rows256<NR>(c, rb, g0, g1, m0, m1, accm);
+  }
+  for (int r = 0; r < NR; r++)
+    for (int64_t m = m0; m < m1; m++) {
+      float ymn = 0.f;
+      if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rb[r]->mm.data(), c.xsd + m * c.S16, c.S16));
+      c.y[m * c.N + n + r] = finish(c, tree16_avx512(_mm512_load_ps(accm + (r * ROW_TILE + (m - m0)) * 16)), ymn, n + r);
+    }
 }
 
 VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
@@ -575,19 +622,13 @@ VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
   const bool mins = c.f.kmin || c.f.lmin;
   RowBuf b0(c), b1(c);
   RowBuf* rb[2] = {&b0, &b1};
+  alignas(64) float accm[2 * ROW_TILE * 16];  // [NR][ROW_TILE] zmm
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
     if (G == 256) {
       int64_t n = n0;
-      for (; n + 2 <= n1; n += 2) {
-        unpack_row_avx512(c, n, b0);
-        unpack_row_avx512(c, n + 1, b1);
-        rows256<2>(c, rb, n, m0, m1);
-      }
-      if (n < n1) {
-        unpack_row_avx512(c, n, b0);
-        rows256<1>(c, rb, n, m0, m1);
-      }
+      for (; n + 2 <= n1; n += 2) rows_kquant<2>(c, rb, n, m0, m1, accm);
+      if (n < n1) rows_kquant<1>(c, rb, n, m0, m1, accm);
       continue;
     }
     for (int64_t n = n0; n < n1; n++) {  // G = 32: a group is one chunk
