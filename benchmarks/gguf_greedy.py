@@ -4,7 +4,8 @@
     blocks    its linears on the file's own blocks (models/gguf_linear.py, kernels/qmatmul), exact_rows' attention
 
 Reports prefill seconds, decode tokens/s (prefill excluded) and wall, per contender (medians over repeats), whether
-the two texts agree, and for `blocks` whether a pass over k tokens gives each the bits of its one-token step.
+the two texts agree, for `blocks` whether a pass over k tokens gives each the bits of its one-token step, and what
+a pass over 1, 2, 5, 9 tokens costs each (after the prompt).
 
     .venv/bin/python benchmarks/gguf_greedy.py --article examples/articles/bumblebees.txt --tokens 64
 """
@@ -41,6 +42,25 @@ def greedy(model, ids: torch.Tensor, n: int, eos: set[int]) -> tuple[list[int], 
             out.append(int(logits.argmax()))
         t2 = time.perf_counter()
     return out, t1 - t0, t2 - t1
+
+
+def pass_costs(model, ids: torch.Tensor, ks=(1, 2, 5, 9), reps: int = 3) -> dict[int, float]:
+    """Seconds of a forward over k tokens after the prompt (less its last 9), the cache cropped back after each:
+    {k: median}."""
+    with torch.inference_mode():
+        cache = DynamicCache()
+        T = ids.shape[1] - 9
+        model(ids[:, :T], past_key_values=cache, use_cache=True)
+        out = {}
+        for k in ks:
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                model(ids[:, T:T + k], past_key_values=cache, use_cache=True)
+                times.append(time.perf_counter() - t0)
+                cache.crop(T)
+            out[k] = statistics.median(times)
+    return out
 
 
 def steps_equal_pass(model, ids: torch.Tensor, k: int) -> bool:
@@ -94,6 +114,10 @@ def main(argv=None):
     ratio = summary["blocks"]["decode_tokens_per_s"] / summary["bf16"]["decode_tokens_per_s"]
     same = runs["bf16"][0]["tokens"] == runs["blocks"][0]["tokens"]
     exact = {k: steps_equal_pass(models["blocks"], ids, k) for k in (2, 5, 9)}
+    costs = {name: pass_costs(model, ids) for name, model in models.items()}
+    print("\n| target | " + " | ".join(f"pass of {k}, ms" for k in costs["bf16"]) + " |\n|---|" + "---:|" * len(costs["bf16"]))
+    for name, c in costs.items():
+        print(f"| {name} | " + " | ".join(f"{v * 1e3:.0f} ({v / c[1]:.2f}×)" for v in c.values()) + " |")
     print("\n| target | prefill s | decode tokens/s | wall s | new tokens |\n|---|---:|---:|---:|---:|")
     for name, s in summary.items():
         print(f"| {name} | {s['prefill_s']:.2f} | {s['decode_tokens_per_s']:.2f} | {s['wall_s']:.2f} | {s['new_tokens']} |")
@@ -103,7 +127,8 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu_model(), "threads": torch.get_num_threads(),
                                                "article": args.article, "prompt_tokens": ids.shape[1],
-                                               "summary": summary, "same_tokens": same, "pass_equals_steps": exact},
+                                               "summary": summary, "same_tokens": same, "pass_equals_steps": exact,
+                                               "pass_seconds": costs},
                                               indent=1))
     return 0
 

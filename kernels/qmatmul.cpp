@@ -26,9 +26,10 @@
 // thread, the work split over N only. So a row's result does not depend on the other rows, M, the thread count,
 // or the path (AVX-512 VNNI, AVX2, portable C++).
 //
-// Cost: each weight row is unpacked once per call (per 64 rows of a long call) and applied to every row; a row then
-// costs one int16 multiply-add per weight pair (vpdpwssd: 32 per instruction). The AVX-512 path for the K-quants
-// holds a 2 weight rows × 4 rows tile of accumulators in registers.
+// Cost: each weight group is unpacked once per call (per 64 rows of a long call) and applied to every row; a row
+// then costs one int16 multiply-add per weight pair (vpdpwssd: 32 per instruction) and a float step per group. The
+// AVX-512 path for the K-quants unpacks 8 groups of 2 weight rows at a time (they stay in L1) and holds a 2 × 4
+// tile of accumulators (weight rows × rows) in registers.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
