@@ -54,9 +54,10 @@ enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K =
 enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };
 
 constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before the next rows are taken
-constexpr int NB = 64;        // weight rows per tile (their blocks stay in L2 across row tiles)
+constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
 constexpr int PREFETCH_ROWS = 2;  // weight rows fetched ahead of the one being unpacked
 constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
+constexpr int MANY_ROWS = 16;     // above: every weight row of a tile unpacked together (tile_kquant_many_avx512)
 
 struct Format {
   int G;            // elements per group (= per x scale)
@@ -520,7 +521,7 @@ VNNI_FN inline __attribute__((always_inline)) __m512 min_lanes_avx512(const floa
 struct RowBuf {
   std::vector<int16_t> w;
   std::vector<float> d, mm;
-  RowBuf(const Call& c) : w(c.K + 32), d(c.K / c.f.G), mm(c.S16) {}
+  RowBuf(const Call& c, int64_t elements = -1) : w((elements < 0 ? c.K : elements) + 32), d(c.K / c.f.G), mm(c.S16) {}
 };
 
 // Groups [g0, g1) of weight row n: w[(g − g0)·G ..] int16, d[g], mm[g's 32-element blocks].
@@ -617,7 +618,43 @@ VNNI_FN void rows_kquant(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0
     }
 }
 
+// K-quants, many rows (a prompt): every weight row of the tile unpacked a chunk of groups at a time (in L2), applied
+// to 64 rows before the next chunk, so that each chunk of x is read from L2 once per weight pair, not the whole of x
+// from memory. Each output's float steps are the same as rows_kquant's, in the same order.
+VNNI_FN void tile_kquant_many_avx512(const Call& c, int64_t n0, int64_t n1) {
+  const int64_t groups = c.K / 256, nt = n1 - n0;
+  std::vector<RowBuf> rbs;
+  rbs.reserve(nt);
+  for (int64_t r = 0; r < nt; r++) rbs.emplace_back(c, GROUP_CHUNK * 256);
+  std::vector<float> accv(nt * ROW_TILE * 16 + 16);
+  float* acc = (float*)(((uintptr_t)accv.data() + 63) & ~(uintptr_t)63);  // [nt][ROW_TILE][16], 64-byte aligned
+  for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
+    const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
+    std::fill(acc, acc + nt * ROW_TILE * 16, 0.f);
+    for (int64_t g0 = 0; g0 < groups; g0 += GROUP_CHUNK) {
+      const int64_t g1 = std::min<int64_t>(groups, g0 + GROUP_CHUNK);
+      for (int64_t r = 0; r < nt; r++) unpack_groups_avx512(c, n0 + r, g0, g1, rbs[r]);
+      int64_t r = 0;
+      for (; r + 2 <= nt; r += 2) {
+        RowBuf* two[2] = {&rbs[r], &rbs[r + 1]};
+        rows256<2>(c, two, g0, g1, m0, m1, acc + r * ROW_TILE * 16);
+      }
+      if (r < nt) {
+        RowBuf* one[1] = {&rbs[r]};
+        rows256<1>(c, one, g0, g1, m0, m1, acc + r * ROW_TILE * 16);
+      }
+    }
+    for (int64_t r = 0; r < nt; r++)
+      for (int64_t m = m0; m < m1; m++) {
+        float ymn = 0.f;
+        if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rbs[r].mm.data(), c.xsd + m * c.S16, c.S16));
+        c.y[m * c.N + n0 + r] = finish(c, tree16_avx512(_mm512_load_ps(acc + (r * ROW_TILE + (m - m0)) * 16)), ymn, n0 + r);
+      }
+  }
+}
+
 VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
+  if (c.f.G == 256 && c.M > MANY_ROWS) return tile_kquant_many_avx512(c, n0, n1);
   const int G = c.f.G;
   const int64_t groups = c.K / G;
   const bool mins = c.f.kmin || c.f.lmin;
