@@ -58,7 +58,7 @@ def pass_costs(model, ids: torch.Tensor, ks=(1, 2, 5, 9), reps: int = 3) -> dict
                 t0 = time.perf_counter()
                 model(ids[:, T:T + k], past_key_values=cache, use_cache=True)
                 times.append(time.perf_counter() - t0)
-                cache.crop(T)
+                cache.crop(-k)  # transformers 5: the count of tokens to remove
             out[k] = statistics.median(times)
     return out
 

@@ -720,6 +720,28 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, floa
   }
   for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
 }
+
+// Weight rows [n0, n1) as the fp32 values the file means (dequantize, below): d·w − dmin·m_j, d·w + m, or d·w.
+VNNI_FN void dequantize_rows_avx512(const Call& c, int64_t n0, int64_t n1, float* out) {
+  alignas(64) int16_t w[256];
+  const int G = c.f.G;
+  const bool kmin = c.f.kmin, lmin = c.f.lmin;
+  for (int64_t n = n0; n < n1; n++)
+    for (int64_t g = 0; g < c.K / G; g++) {
+      const uint8_t* b = c.w + n * c.row_bytes + g * c.f.block_bytes;
+      Scales s;
+      unpack_avx512(c.qtype, b, w, s);
+      if (kmin) kquant_scales(b + 4, s.sc, s.mins);
+      float* o = out + n * c.K + g * G;
+      const __m512 d = _mm512_set1_ps(s.d);
+      for (int i = 0; i < G; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i*)(w + i)))), d);
+        if (kmin) v = _mm512_sub_ps(v, _mm512_set1_ps(s.dmin * (float)s.mins[i / 32]));
+        else if (lmin) v = _mm512_add_ps(v, _mm512_set1_ps(s.m));
+        _mm512_storeu_ps(o + i, v);
+      }
+    }
+}
 #endif  // QMM_X86
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -810,12 +832,48 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
+// The weights as the file means them, [N, K] fp32 (for a prompt's prefill: GgufLinear). Exact products, one
+// rounding for the K-quants' minimum: the values of gguf_blocks.dequantize.
+torch::Tensor dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
+  const Format f = format_of(qtype);
+  TORCH_CHECK(K % f.G == 0, "qmatmul: K = ", K, " is not a multiple of ", f.G);
+  const int64_t row_bytes = K / f.G * f.block_bytes;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
+              "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
+  auto out = torch::empty({N, K}, torch::kFloat);
+  Call c{w.data_ptr<uint8_t>(), N, K, 0, row_bytes, s16(K), (int)qtype, f, nullptr, nullptr, nullptr, nullptr, nullptr};
+  float* o = out.data_ptr<float>();
+  const int path = best_path();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+#if QMM_X86
+    if (path == AVX512VNNI) {
+      dequantize_rows_avx512(c, n0, n1, o);
+      return;
+    }
+#endif
+    alignas(64) int16_t q[256];
+    for (int64_t n = n0; n < n1; n++)
+      for (int64_t g = 0; g < K / f.G; g++) {
+        Scales s;
+        unpack_portable((int)qtype, c.w + n * row_bytes + g * f.block_bytes, q, s);
+        for (int i = 0; i < f.G; i++) {
+          float v = (float)q[i] * s.d;
+          if (f.kmin) v = v - s.dmin * (float)s.mins[i / 32];
+          else if (f.lmin) v = v + s.m;
+          o[n * K + g * f.G + i] = v;
+        }
+      }
+  });
+  return out;
+}
+
 std::string backend() { return path_name(best_path()); }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
+  m.def("dequantize", &dequantize, "the weights as the file means them, [N, K] fp32");
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
 }

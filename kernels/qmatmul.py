@@ -1,6 +1,7 @@
 """The CPU matmul for GGUF-quantized weights: y[M, N] = x[M, K] · W[N, K]ᵀ with W left in its GGUF blocks.
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
+    dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
 
@@ -130,6 +131,14 @@ def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
     else:
         y = ext.mm(x2, blocks, gb.type_id(qtype), N, K, bias, PATHS.get(path, 0))
     return y.to(dtype).reshape(*lead, N)
+
+
+def dequantize(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
+    """The weights as the file means them, [N, K] fp32 (gguf_blocks.dequantize's values, in C++ when it is built)."""
+    ext = None if _forced() == "torch" else extension()
+    if ext is None:
+        return gb.dequantize(qtype, blocks, N, K)
+    return ext.dequantize(blocks.reshape(N, -1), gb.type_id(qtype), N, K)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -30,6 +30,18 @@ def test_gguf_linear_is_the_blocks_product():
     assert torch.allclose(y.double(), want, rtol=2e-2, atol=2e-2)
     ids = torch.tensor([3, 0, 69])
     assert torch.equal(layer.rows(ids)(x), y[..., ids])
+    # a prompt's prefill (more tokens than a pass): the dense product of the same weights, tile by tile
+    from specdec_cli.models import gguf_linear
+
+    long = torch.randn(1, gguf_linear.PREFILL_TOKENS + 7, K, dtype=torch.bfloat16)
+    dense = torch.nn.functional.linear(long.float(), layer.dequantized(), bias)
+    assert torch.allclose(layer(long).float(), dense, rtol=2e-2, atol=2e-2)
+    saved = gguf_linear.PREFILL_TILE
+    try:
+        gguf_linear.PREFILL_TILE = 16  # several tiles, the last one short
+        assert torch.allclose(layer(long).float(), dense, rtol=2e-2, atol=2e-2)
+    finally:
+        gguf_linear.PREFILL_TILE = saved
     with pytest.raises(ValueError, match="must be uint8"):
         GgufLinear(blocks[:, :-1], "q4_k", K, N)
 

@@ -1,5 +1,6 @@
 """GGUF weights run as they are: a causal LM whose linear layers multiply the file's own blocks (Q4_K, Q5_K, Q6_K,
 Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
+A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) multiplies the same weights dequantized to x's dtype.
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     attach_gguf_blocks  replace a loaded model's nn.Linear layers by GgufLinear on the GGUF file's tensors
@@ -19,8 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdec_cli import internals
+from specdec_cli import internals, options
 from specdec_cli.kernels import gguf_blocks, qmatmul
+
+# A call over more tokens than a verification pass scores (γ + 1 ≤ this) is a prompt's prefill: every mode prefills
+# alike, so it may compute otherwise than steps do, and runs as a dense product of the dequantized weights in x's
+# dtype (oneDNN's bf16 GEMM is ~3× the blocks kernel on hundreds of rows).
+PREFILL_TOKENS = options.MAX_GAMMA + 1
+PREFILL_TILE = 2048  # weight rows dequantized at a time (a few MB, reused: no page faults, in cache for the GEMM)
 
 
 class GgufLinear(nn.Module):
@@ -41,7 +48,18 @@ class GgufLinear(nn.Module):
         self.weight = torch.empty(out_features, in_features, dtype=dtype, device="meta")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() >= 2 and x.shape[-2] > PREFILL_TOKENS:  # [.., T, in] with T past any pass: a prefill
+            return self.prefill(x)
         return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """x · Wᵀ + b as a dense product in x's dtype, PREFILL_TILE output rows at a time."""
+        out = []
+        for n0 in range(0, self.out_features, PREFILL_TILE):
+            n1 = min(self.out_features, n0 + PREFILL_TILE)
+            w = qmatmul.dequantize(self.blocks[n0:n1], self.qtype, n1 - n0, self.in_features).to(x.dtype)
+            out.append(nn.functional.linear(x, w, None if self.bias is None else self.bias[n0:n1].to(x.dtype)))
+        return out[0] if len(out) == 1 else torch.cat(out, -1)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return gguf_blocks.dequantize(self.qtype, self.blocks, self.out_features, self.in_features).to(dtype)
