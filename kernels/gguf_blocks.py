@@ -133,7 +133,7 @@ def dequantize(qtype, blocks: torch.Tensor, N: int, K: int) -> torch.Tensor:
     u = unpack(qtype, blocks, N, K)
     G = K // u.d.shape[1]  # elements per float scale: 256 for K-quants, 32 otherwise
     w = u.w.float().reshape(N, K // G, G) * u.d.unsqueeze(-1)
-    if u.mins is not None:
+    if u.mins is not None and u.dmin is not None:
         w = w - (u.dmin.unsqueeze(-1) * u.mins.float()).repeat_interleave(32, -1)
     if u.m is not None:
         w = w + u.m.unsqueeze(-1)

@@ -86,7 +86,7 @@ def extension():
         if "ext" not in _state:
             try:
                 _state["ext"] = _build()
-            except Exception as e:  # noqa: BLE001 - no compiler, a compile error, a read-only cache: fall back
+            except Exception as e:  # no compiler, a compile error, a read-only cache: fall back
                 lines = [line for line in str(e).strip().splitlines() if line.strip()]
                 _state["ext"], _state["error"] = None, f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
                 from specdec_cli.errors import warn
@@ -195,8 +195,12 @@ def twin_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
             acc = acc + isum[:, :, g, :].float() * (u.d[None, :, g] * dx[:, None, g]).unsqueeze(-1)
         y = _tree(acc)
         mn = torch.zeros(M, n1 - n0, 16)
-        if u.mins is not None or u.m is not None:
-            mm = _pad16((u.dmin.unsqueeze(-1) * u.mins.float()).flatten(1) if u.mins is not None else u.m)
+        mm = None  # the minimums per 32 elements: dmin·m_j (K-quants) or m (Q4_1, Q5_1)
+        if u.mins is not None and u.dmin is not None:
+            mm = _pad16((u.dmin.unsqueeze(-1) * u.mins.float()).flatten(1))
+        elif u.m is not None:
+            mm = _pad16(u.m)
+        if mm is not None:
             for j in range(0, mm.shape[1], 16):
                 mn = mn + mm[None, :, j:j + 16] * xsd[:, None, j:j + 16]
         if u.mins is not None:
