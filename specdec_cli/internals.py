@@ -125,6 +125,16 @@ def gguf_tensor_progress(track):
         gguf_utils.tqdm = previous
 
 
+def gguf_to_hf_names(model) -> dict[str, str]:
+    """{GGUF tensor name: the model's state-dict name} for a transformers model of a GGUF architecture.
+    Relies on: `transformers.modeling_gguf_pytorch_utils.get_gguf_hf_weights_map(model, processor)` and its
+    `TENSOR_PROCESSORS` / `TensorProcessor` (the processor only renames MoE experts here)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    processor = TENSOR_PROCESSORS.get(model.config.model_type, TensorProcessor)(config=model.config.to_dict())
+    return get_gguf_hf_weights_map(model, processor)
+
+
 def drop_quantization_config(config) -> None:
     """Forget that a config was loaded from a quantized (GGUF) file, so the dequantized model saves as a
     plain one. Relies on: the attribute living in `config.__dict__`."""
@@ -234,6 +244,9 @@ def check() -> list[str]:
     need("torch.ao.nn.quantized.dynamic.Linear.from_float", lambda: hasattr(torch.ao.nn.quantized.dynamic.Linear, "from_float"))
     need("torch.ao.quantization.per_channel_dynamic_qconfig", lambda: hasattr(torch.ao.quantization, "per_channel_dynamic_qconfig"))
     need("transformers.modeling_gguf_pytorch_utils.tqdm", attr("transformers.modeling_gguf_pytorch_utils", "tqdm"))
+    need("transformers.modeling_gguf_pytorch_utils.get_gguf_hf_weights_map",
+         lambda: all(hasattr(importlib.import_module("transformers.modeling_gguf_pytorch_utils"), n)
+                     for n in ("get_gguf_hf_weights_map", "TENSOR_PROCESSORS", "TensorProcessor")))
     need("transformers.generation.utils._speculative_sampling", attr("transformers.generation.utils", "_speculative_sampling"))
     need("torch.nn.Module._modules / _parameters / _buffers",
          lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), n), dict) for n in ("_modules", "_parameters", "_buffers")))

@@ -24,7 +24,8 @@ def wheel(tmp_path_factory):
 @pytest.mark.slow
 def test_wheel_holds_the_package_and_its_example_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for path in ("specdec_cli/kernels/exact.py", "specdec_cli/bench/runners.py", "specdec_cli/options.py",
+    for path in ("specdec_cli/kernels/exact.py", "specdec_cli/kernels/qmatmul.cpp", "specdec_cli/bench/runners.py",
+                 "specdec_cli/options.py",
                  "specdec_cli/examples/articles/bumblebees.txt", "specdec_cli/examples/articles/bumblebees.ref.txt",
                  "specdec_cli/examples/audio/librivox-sense-and-sensibility-0870.wav"):
         assert path in names, path

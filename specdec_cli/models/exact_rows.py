@@ -12,6 +12,8 @@ Norms, rotary embeddings and activations compute a row alone. So:
     sdpa_by_rows     a pass of up to ROWS queries, one query at a time over the keys a step would see
     fp32_by_rows     the same with each one-query call in fp32 (a causal LM's steps and passes alike)
     exact_rows       a shallow copy of a causal LM (weights, buffers shared) made of RowLinear and fp32_by_rows
+                     (a model on GGUF blocks, models/gguf_linear.py, keeps its GgufLinear layers: their rows compute
+                     alike in any dtype; its attention is made fp32_by_rows all the same)
 
 One query in fp32: torch's CPU sdpa takes ~7× longer for one bf16 query than for the same in fp32 (Qwen2.5 1.5B,
 605 keys: 822 against 126 µs a layer, AMD EPYC, 2 threads), so a causal LM's one-query attention runs in fp32
@@ -27,6 +29,7 @@ import torch
 from torch import nn
 
 from specdec_cli import internals, options
+from specdec_cli.models.gguf_linear import GgufLinear
 
 ROWS = options.MAX_GAMMA + 1  # a pass scores at most γ+1 rows; longer calls are prompt prefill, batched as usual
 
@@ -117,7 +120,8 @@ def exact_rows(model: nn.Module) -> nn.Module:
     head = model.get_output_embeddings()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
-    if (head is None or not needs_rows(head.weight) or layers is None
+    on_blocks = isinstance(head, GgufLinear)  # its rows compute alike already; attention still needs them
+    if (head is None or not (on_blocks or needs_rows(head.weight)) or layers is None
             or internals.attention_implementation(model.config) != "sdpa"
             or not all(hasattr(layer, "self_attn") and hasattr(layer, "mlp") for layer in layers)):
         return model

@@ -1,0 +1,879 @@
+// y[M, N] = x[M, K] · W[N, K]ᵀ with W in its GGUF blocks, on a CPU. The torch twin (same values, bit for bit) and
+// the plain fp32 reference are in qmatmul.py; the block layouts in gguf_blocks.py.
+//
+// The arithmetic, for one output (m, n). It is the same sequence whatever M, the thread count or the SIMD path:
+//
+//   groups      K is cut into groups of G elements: G = 256 for the K-quants (Q4_K, Q5_K, Q6_K), 32 otherwise.
+//   x           per group g of row m:  amax = max|x|,  inv = 32767 / amax,  xq_i = rint(x_i · inv) (int16),
+//               dx_g = amax / 32767;  and xs_j = Σ xq over each 32 elements j (int32).
+//   weights     per group: integer weights w_i and float scales, exactly as the file means them:
+//                 Q4_K, Q5_K  value = d·sc_j·q_i − dmin·m_j     w_i = sc_j·q_i      (≤ 63·31, int16)
+//                 Q6_K        value = d·sc_j·(q_i − 32)         w_i = sc_j·(q_i − 32) (|w| ≤ 4096)
+//                 Q8_0        value = d·q_i                     w_i = q_i
+//                 Q4_0, Q5_0  value = d·(q_i − 8 | 16)          w_i = q_i − 8 | 16
+//                 Q4_1, Q5_1  value = d·q_i + m                 w_i = q_i
+//   one group   isum_l = Σ w_i·xq_i over the i with (i mod 32) / 2 = l        16 int32 lanes: exact, any order
+//               acc_l  = acc_l + float(isum_l) · (d · dx_g)                    fp32, a multiply then an add
+//   minimums    per 32 elements j of the row: xsd_j = float(xs_j) · dx_g(j) (x's side, once per row) and
+//               mm_j = dmin_g · m_j (K-quants) or m_j (Q4_1, Q5_1; exact either way), zero past K / 32;
+//               mn_l = mn_l + mm_j · xsd_j for j = 16c + l, c = 0, 1, ...      16 lanes
+//   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
+//               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
+//
+// Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type: 16 · 4096 · 32767 for Q6_K),
+// so the SIMD paths may add them in any order; every float operation is listed above, in that order, and the
+// file is compiled with -ffp-contract=off so that no multiply and add are fused. Each output is computed by one
+// thread, the work split over N only. So a row's result does not depend on the other rows, M, the thread count,
+// or the path (AVX-512 VNNI, AVX2, portable C++).
+//
+// Cost: each weight group is unpacked once per call (per 64 rows of a long call) and applied to every row; a row
+// then costs one int16 multiply-add per weight pair (vpdpwssd: 32 per instruction) and a float step per group. The
+// AVX-512 path for the K-quants unpacks 8 groups of 2 weight rows at a time (they stay in L1) and holds a 2 × 4
+// tile of accumulators (weight rows × rows) in registers.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define QMM_X86 1
+#else
+#define QMM_X86 0
+#endif
+
+namespace {
+
+// GGML type ids (gguf.GGMLQuantizationType)
+enum QType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };
+
+constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before the next rows are taken
+constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
+constexpr int PREFETCH_ROWS = 2;  // weight rows fetched ahead of the one being unpacked
+constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
+constexpr int MANY_ROWS = 16;     // above: every weight row of a tile unpacked together (tile_kquant_many_avx512)
+
+struct Format {
+  int G;            // elements per group (= per x scale)
+  int block_bytes;  // bytes per group in the file
+  bool kmin;        // K-quant minimums (dmin · m_j)
+  bool lmin;        // legacy minimum (+ m)
+};
+
+Format format_of(int64_t qtype) {
+  switch (qtype) {
+    case Q4_0: return {32, 18, false, false};
+    case Q4_1: return {32, 20, false, true};
+    case Q5_0: return {32, 22, false, false};
+    case Q5_1: return {32, 24, false, true};
+    case Q8_0: return {32, 34, false, false};
+    case Q4_K: return {256, 144, true, false};
+    case Q5_K: return {256, 176, true, false};
+    case Q6_K: return {256, 210, false, false};
+  }
+  TORCH_CHECK(false, "qmatmul: unsupported GGML type ", qtype);
+}
+
+float fp16_to_fp32(uint16_t h) {  // exact
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { man <<= 1; e++; } while (!(man & 0x400));
+      bits = sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | man << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t rd16(const uint8_t* p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+// One group's scales (what the integer weights leave out).
+struct Scales {
+  float d = 0.f, dmin = 0.f, m = 0.f;
+  int32_t mins[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // K-quants: m_j
+  int16_t sc[16];                              // K-quants: sc_j (Q6_K: 16 of them, signed)
+};
+
+// Q4_K / Q5_K: 8 six-bit scales and mins packed in 12 bytes (bytes 0–3: sc 0–3 and the top bits of sc 4–7,
+// 4–7: m 0–3 and the top bits of m 4–7, 8–11: the low four bits of sc 4–7 and m 4–7), four bytes at a time.
+void kquant_scales(const uint8_t* s, int16_t* sc, int32_t* mn) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t lo = a & 0x3f3f3f3fu, ml = b & 0x3f3f3f3fu;
+  const uint32_t hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u), mh = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+  for (int j = 0; j < 4; j++) {
+    sc[j] = (lo >> (8 * j)) & 0xff;
+    sc[j + 4] = (hi >> (8 * j)) & 0xff;
+    mn[j] = (ml >> (8 * j)) & 0xff;
+    mn[j + 4] = (mh >> (8 * j)) & 0xff;
+  }
+}
+
+// The same, as 8 bytes each in one integer (byte j: sc_j, m_j): for the SIMD unpackers, no array in between.
+inline void kquant_scales8(const uint8_t* s, uint64_t& sc, uint64_t& mn) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  sc = (uint64_t)(a & 0x3f3f3f3fu) | (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+  mn = (uint64_t)(b & 0x3f3f3f3fu) | (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Unpacking one group: integer weights w[G] (int16) and its scales. Portable; the SIMD paths have their own
+// unpackers for the common types (equal integers: unpacking is exact).
+
+void unpack_portable(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
+  switch (qtype) {
+    case Q8_0: {
+      s.d = fp16_to_fp32(rd16(b));
+      for (int i = 0; i < 32; i++) w[i] = (int8_t)b[2 + i];
+      break;
+    }
+    case Q4_0:
+    case Q4_1: {
+      bool one = qtype == Q4_1;
+      s.d = fp16_to_fp32(rd16(b));
+      if (one) s.m = fp16_to_fp32(rd16(b + 2));
+      const uint8_t* qs = b + (one ? 4 : 2);
+      for (int i = 0; i < 16; i++) {
+        w[i] = (int16_t)(qs[i] & 15) - (one ? 0 : 8);
+        w[i + 16] = (int16_t)(qs[i] >> 4) - (one ? 0 : 8);
+      }
+      break;
+    }
+    case Q5_0:
+    case Q5_1: {
+      bool one = qtype == Q5_1;
+      s.d = fp16_to_fp32(rd16(b));
+      if (one) s.m = fp16_to_fp32(rd16(b + 2));
+      const uint8_t* h = b + (one ? 4 : 2);
+      uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+      const uint8_t* qs = h + 4;
+      for (int i = 0; i < 16; i++) {
+        w[i] = (int16_t)((qs[i] & 15) | ((qh >> i) & 1) << 4) - (one ? 0 : 16);
+        w[i + 16] = (int16_t)((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - (one ? 0 : 16);
+      }
+      break;
+    }
+    case Q4_K:
+    case Q5_K: {
+      bool five = qtype == Q5_K;
+      s.d = fp16_to_fp32(rd16(b));
+      s.dmin = fp16_to_fp32(rd16(b + 2));
+      kquant_scales(b + 4, s.sc, s.mins);
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int c = 0; c < 4; c++)  // 32 bytes → sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+        for (int l = 0; l < 32; l++) {
+          int lo = qs[32 * c + l] & 15, hi = qs[32 * c + l] >> 4;
+          if (five) {
+            lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+            hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+          }
+          w[64 * c + l] = (int16_t)(s.sc[2 * c] * lo);
+          w[64 * c + 32 + l] = (int16_t)(s.sc[2 * c + 1] * hi);
+        }
+      break;
+    }
+    case Q6_K: {
+      const uint8_t *ql = b, *qh = b + 128;
+      const int8_t* sc = (const int8_t*)(b + 192);
+      s.d = fp16_to_fp32(rd16(b + 208));
+      for (int h = 0; h < 2; h++)
+        for (int t = 0; t < 128; t++) {
+          int sh = t / 32, l = t % 32;
+          int q = (ql[64 * h + (sh & 1) * 32 + l] >> (4 * (sh >> 1))) & 15;
+          q |= ((qh[32 * h + l] >> (2 * sh)) & 3) << 4;
+          int e = 128 * h + t;
+          w[e] = (int16_t)(sc[e / 16] * (q - 32));
+        }
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The activations: xq [M, K] int16, dx [M, K / G], xsd [M, S16] (see the top; S16 = K / 32 rounded up to 16).
+
+inline int64_t s16(int64_t K) { return (K / 32 + 15) / 16 * 16; }
+
+template <typename T>
+float load_f(const T* p, int64_t i) { return static_cast<float>(p[i]); }
+
+template <typename T>
+void quantize_row_portable(const T* x, int64_t K, int G, int16_t* xq, float* dx, float* xsd) {
+  for (int64_t g = 0; g < K / G; g++) {
+    float amax = 0.f;
+    for (int i = 0; i < G; i++) amax = std::max(amax, std::fabs(load_f(x, g * G + i)));
+    float inv = amax > 0.f ? 32767.f / amax : 0.f;
+    dx[g] = amax / 32767.f;
+    for (int i = 0; i < G; i++) {
+      float v = std::nearbyint(load_f(x, g * G + i) * inv);
+      v = std::min(32767.f, std::max(-32767.f, v));
+      xq[g * G + i] = (int16_t)v;
+    }
+  }
+  for (int64_t j = 0; j < s16(K); j++) {
+    if (j >= K / 32) { xsd[j] = 0.f; continue; }
+    int32_t t = 0;
+    for (int i = 0; i < 32; i++) t += xq[j * 32 + i];
+    xsd[j] = (float)t * dx[j * 32 / G];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The per-row float steps, shared by every path.
+
+inline float tree16(const float* a) {
+  float t8[8], t4[4];
+  for (int l = 0; l < 8; l++) t8[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; l++) t4[l] = t8[l] + t8[l + 4];
+  float t2a = t4[0] + t4[2], t2b = t4[1] + t4[3];
+  return t2a + t2b;
+}
+
+struct Call {
+  const uint8_t* w;
+  int64_t N, K, M, row_bytes, S16;
+  int qtype;
+  Format f;
+  const int16_t* xq;
+  const float* dx;
+  const float* xsd;   // [M, S16]
+  const float* bias;  // [N] or null
+  float* y;           // [M, N] fp32
+};
+
+// One group's minimums into mm (8 for a K-quant group, 1 for Q4_1 / Q5_1): dmin_g · m_j, or m_g. Exact.
+inline void group_mins(const Format& f, const Scales& s, int64_t g, float* mm) {
+  if (f.kmin)
+    for (int j = 0; j < 8; j++) mm[g * 8 + j] = s.dmin * (float)s.mins[j];
+  else if (f.lmin)
+    mm[g] = s.m;
+}
+
+// A weight row's minimums per 32 elements, mm[S16] (zero past K / 32): dmin_g · m_j, or m_g. Exact.
+void row_mins(const Call& c, const uint8_t* row, float* mm) {
+  std::fill(mm, mm + c.S16, 0.f);
+  for (int64_t g = 0; g < c.K / c.f.G; g++) {
+    const uint8_t* b = row + g * c.f.block_bytes;
+    if (c.f.kmin) {
+      int16_t sc[8];
+      int32_t mn[8];
+      kquant_scales(b + 4, sc, mn);
+      float dmin = fp16_to_fp32(rd16(b + 2));
+      for (int j = 0; j < 8; j++) mm[g * 8 + j] = dmin * (float)mn[j];
+    } else if (c.f.lmin) {
+      mm[g] = fp16_to_fp32(rd16(b + 2));
+    }
+  }
+}
+
+inline void min_lanes_portable(const float* mm, const float* xsd, int64_t S16, float* mn) {
+  for (int l = 0; l < 16; l++) mn[l] = 0.f;
+  for (int64_t j = 0; j < S16; j += 16)
+    for (int l = 0; l < 16; l++) mn[l] = mn[l] + mm[j + l] * xsd[j + l];
+}
+
+inline float finish(const Call& c, float yacc, float ymn, int64_t n) {
+  float y = yacc;
+  if (c.f.kmin) y = y - ymn;
+  else if (c.f.lmin) y = y + ymn;
+  if (c.bias) y = y + c.bias[n];
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Portable path
+
+void isum_portable(const int16_t* w, const int16_t* x, int G, int32_t* lanes) {
+  for (int l = 0; l < 16; l++) lanes[l] = 0;
+  for (int i = 0; i < G; i++) lanes[(i % 32) / 2] += (int32_t)w[i] * (int32_t)x[i];
+}
+
+void tile_portable(const Call& c, int64_t n0, int64_t n1) {
+  const int G = c.f.G;
+  const int64_t groups = c.K / G;
+  const bool mins = c.f.kmin || c.f.lmin;
+  alignas(64) int16_t w[256];
+  std::vector<float> acc(ROW_TILE * 16), mm(c.S16);
+  for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
+    const int64_t mt = std::min<int64_t>(ROW_TILE, c.M - m0);
+    for (int64_t n = n0; n < n1; n++) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      const uint8_t* row = c.w + n * c.row_bytes;
+      for (int64_t g = 0; g < groups; g++) {
+        Scales s;
+        unpack_portable(c.qtype, row + g * c.f.block_bytes, w, s);
+        for (int64_t r = 0; r < mt; r++) {
+          const int64_t m = m0 + r;
+          int32_t lanes[16];
+          isum_portable(w, c.xq + m * c.K + g * G, G, lanes);
+          float sc = s.d * c.dx[m * groups + g];
+          for (int l = 0; l < 16; l++) acc[r * 16 + l] = acc[r * 16 + l] + (float)lanes[l] * sc;
+        }
+      }
+      if (mins) row_mins(c, row, mm.data());
+      for (int64_t r = 0; r < mt; r++) {
+        float mn[16] = {0.f};
+        if (mins) min_lanes_portable(mm.data(), c.xsd + (m0 + r) * c.S16, c.S16, mn);
+        c.y[(m0 + r) * c.N + n] = finish(c, tree16(&acc[r * 16]), tree16(mn), n);
+      }
+    }
+  }
+}
+
+#if QMM_X86
+// ---------------------------------------------------------------------------------------------------------------
+// AVX2 path: lanes 0–7 and 8–15 of the 16 are two ymm registers (the two 16-element halves of each 32).
+
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+
+// fp16 → fp32 in hardware: the same exact value as fp16_to_fp32
+__attribute__((target("f16c"))) inline float f16c(uint16_t h) { return _cvtsh_ss(h); }
+
+AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
+  const __m256i lo4 = _mm256_set1_epi8(15);
+  if (qtype == Q4_K) {
+    s.d = f16c(rd16(b));
+    s.dmin = f16c(rd16(b + 2));
+    kquant_scales(b + 4, s.sc, s.mins);
+    const uint8_t* qs = b + 16;
+    for (int c = 0; c < 4; c++) {
+      __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+      __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      __m256i sl = _mm256_set1_epi16(s.sc[2 * c]), sh = _mm256_set1_epi16(s.sc[2 * c + 1]);
+      __m256i* o = (__m256i*)(w + 64 * c);
+      _mm256_store_si256(o + 0, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), sl));
+      _mm256_store_si256(o + 1, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)), sl));
+      _mm256_store_si256(o + 2, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)), sh));
+      _mm256_store_si256(o + 3, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1)), sh));
+    }
+  } else if (qtype == Q6_K) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t* sc = (const int8_t*)(b + 192);
+    s.d = f16c(rd16(b + 208));
+    const __m256i three = _mm256_set1_epi8(3), k32 = _mm256_set1_epi16(32);
+    for (int h = 0; h < 2; h++) {
+      __m256i vh = _mm256_loadu_si256((const __m256i*)(qh + 32 * h));
+      for (int sh = 0; sh < 4; sh++) {
+        __m256i vl = _mm256_loadu_si256((const __m256i*)(ql + 64 * h + (sh & 1) * 32));
+        __m256i q = (sh >> 1) ? _mm256_and_si256(_mm256_srli_epi16(vl, 4), lo4) : _mm256_and_si256(vl, lo4);
+        __m256i hb = _mm256_and_si256(_mm256_srl_epi16(vh, _mm_cvtsi32_si128(2 * sh)), three);
+        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+        int e = 128 * h + 32 * sh;
+        __m256i a = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), k32);
+        __m256i bq = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), k32);
+        _mm256_store_si256((__m256i*)(w + e), _mm256_mullo_epi16(a, _mm256_set1_epi16(sc[e / 16])));
+        _mm256_store_si256((__m256i*)(w + e + 16), _mm256_mullo_epi16(bq, _mm256_set1_epi16(sc[e / 16 + 1])));
+      }
+    }
+  } else if (qtype == Q8_0) {
+    s.d = f16c(rd16(b));
+    __m256i v = _mm256_loadu_si256((const __m256i*)(b + 2));
+    _mm256_store_si256((__m256i*)w, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
+    _mm256_store_si256((__m256i*)(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
+  } else {
+    unpack_portable(qtype, b, w, s);
+  }
+}
+
+AVX2_FN inline __m256i madd2(__m256i acc, __m256i a, __m256i b) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+
+AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
+  const int G = c.f.G, chunks = G / 32;
+  const int64_t groups = c.K / G;
+  const bool mins = c.f.kmin || c.f.lmin;
+  alignas(64) int16_t w[256];
+  alignas(64) float acc[ROW_TILE * 16];
+  std::vector<float> mm(c.S16);
+  for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
+    const int64_t mt = std::min<int64_t>(ROW_TILE, c.M - m0);
+    for (int64_t n = n0; n < n1; n++) {
+      std::memset(acc, 0, sizeof(acc));
+      const uint8_t* row = c.w + n * c.row_bytes;
+      for (int64_t g = 0; g < groups; g++) {
+        Scales s;
+        unpack_avx2(c.qtype, row + g * c.f.block_bytes, w, s);
+        for (int64_t r = 0; r < mt; r++) {
+          const int64_t m = m0 + r;
+          const int16_t* x = c.xq + m * c.K + g * G;
+          __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+          for (int k = 0; k < chunks; k++) {
+            a0 = madd2(a0, _mm256_load_si256((const __m256i*)(w + 32 * k)), _mm256_loadu_si256((const __m256i*)(x + 32 * k)));
+            a1 = madd2(a1, _mm256_load_si256((const __m256i*)(w + 32 * k + 16)), _mm256_loadu_si256((const __m256i*)(x + 32 * k + 16)));
+          }
+          __m256 sc = _mm256_set1_ps(s.d * c.dx[m * groups + g]);
+          float* ar = acc + r * 16;
+          _mm256_store_ps(ar, _mm256_add_ps(_mm256_load_ps(ar), _mm256_mul_ps(_mm256_cvtepi32_ps(a0), sc)));
+          _mm256_store_ps(ar + 8, _mm256_add_ps(_mm256_load_ps(ar + 8), _mm256_mul_ps(_mm256_cvtepi32_ps(a1), sc)));
+        }
+      }
+      if (mins) row_mins(c, row, mm.data());
+      for (int64_t r = 0; r < mt; r++) {
+        float mn[16] = {0.f};
+        if (mins) min_lanes_portable(mm.data(), c.xsd + (m0 + r) * c.S16, c.S16, mn);
+        c.y[(m0 + r) * c.N + n] = finish(c, tree16(acc + r * 16), tree16(mn), n);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// AVX-512 path (F, BW, VL, DQ and VNNI): one zmm holds a 32-element chunk and the 16 lanes.
+
+#define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
+  // bytes widened to int16 first, nibbles cut there: a byte's high nibble is its int16's value >> 4
+  const __m512i lo4 = _mm512_set1_epi16(15);
+  if (qtype == Q4_K || qtype == Q5_K) {
+    bool five = qtype == Q5_K;
+    s.d = f16c(rd16(b));
+    s.dmin = f16c(rd16(b + 2));
+    uint64_t sc8, m8;  // the minimums are read by unpack_groups_avx512
+    kquant_scales8(b + 4, sc8, m8);
+    const uint8_t* qs = b + (five ? 48 : 16);
+    const __m512i one = _mm512_set1_epi16(1);
+    __m512i vh = five ? _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + 16))) : _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+      __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(qs + 32 * c)));
+      __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_srli_epi16(v, 4);
+      if (five) {
+        lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(vh, 2 * c), one), 4));
+        hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(vh, 2 * c + 1), one), 4));
+      }
+      _mm512_storeu_si512(w + 64 * c, _mm512_mullo_epi16(lo, _mm512_set1_epi16((sc8 >> (16 * c)) & 0xff)));
+      _mm512_storeu_si512(w + 64 * c + 32, _mm512_mullo_epi16(hi, _mm512_set1_epi16((sc8 >> (16 * c + 8)) & 0xff)));
+    }
+  } else if (qtype == Q6_K) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t* sc = (const int8_t*)(b + 192);
+    s.d = f16c(rd16(b + 208));
+    const __m512i three = _mm512_set1_epi16(3), k32 = _mm512_set1_epi16(32);
+    for (int h = 0; h < 2; h++) {
+      __m512i vh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(qh + 32 * h)));
+      __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(ql + 64 * h)));
+      __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(ql + 64 * h + 32)));
+      for (int sh = 0; sh < 4; sh++) {
+        __m512i v = (sh & 1) ? v1 : v0;
+        __m512i q = (sh >> 1) ? _mm512_srli_epi16(v, 4) : _mm512_and_si512(v, lo4);
+        q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(vh, 2 * sh), three), 4));
+        int e = 128 * h + 32 * sh;
+        __m512i scv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[e / 16])),
+                                         _mm256_set1_epi16(sc[e / 16 + 1]), 1);
+        _mm512_storeu_si512(w + e, _mm512_mullo_epi16(_mm512_sub_epi16(q, k32), scv));
+      }
+    }
+  } else if (qtype == Q8_0) {
+    s.d = f16c(rd16(b));
+    _mm512_storeu_si512(w, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2))));
+  } else if (qtype == Q5_0) {
+    s.d = f16c(rd16(b));
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    __m128i qs = _mm_loadu_si128((const __m128i*)(b + 6));
+    const __m128i lo4x = _mm_set1_epi8(15);
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
+                                        _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
+    q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(16));
+    _mm512_storeu_si512(w, _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16)));
+  } else {
+    unpack_portable(qtype, b, w, s);
+  }
+}
+
+VNNI_FN inline __attribute__((always_inline)) float tree16_avx512(__m512 a) {  // tree16, in registers
+  __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // [t4_0 + t4_2, t4_1 + t4_3, ..]
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+VNNI_FN inline __attribute__((always_inline)) __m512 min_lanes_avx512(const float* mm, const float* xsd, int64_t S16) {
+  __m512 mn = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S16; j += 16)
+    mn = _mm512_add_ps(mn, _mm512_mul_ps(_mm512_loadu_ps(mm + j), _mm512_loadu_ps(xsd + j)));
+  return mn;
+}
+
+// One weight row unpacked whole: w[K] int16, d[K / G], mm[S16].
+struct RowBuf {
+  std::vector<int16_t> w;
+  std::vector<float> d, mm;
+  RowBuf(const Call& c, int64_t elements = -1) : w((elements < 0 ? c.K : elements) + 32), d(c.K / c.f.G), mm(c.S16) {}
+};
+
+// Groups [g0, g1) of weight row n: w[(g − g0)·G ..] int16, d[g], mm[g's 32-element blocks].
+VNNI_FN void unpack_groups_avx512(const Call& c, int64_t n, int64_t g0, int64_t g1, RowBuf& rb) {
+  const uint8_t* row = c.w + n * c.row_bytes;
+  // the same bytes two rows ahead, a cache line at a time as these are read
+  const uint8_t* ahead = n + PREFETCH_ROWS < c.N ? row + PREFETCH_ROWS * c.row_bytes : nullptr;
+  for (int64_t g = g0; g < g1; g++) {
+    const uint8_t* b = row + g * c.f.block_bytes;
+    if (ahead)
+      for (int64_t l = 0; l < c.f.block_bytes; l += 64) _mm_prefetch((const char*)(ahead + (b - row) + l), _MM_HINT_T0);
+    Scales s;
+    unpack_avx512(c.qtype, b, rb.w.data() + (g - g0) * c.f.G, s);
+    rb.d[g] = s.d;
+    if (c.f.kmin) {  // group_mins, 8 at once: dmin · float(m_j), the same products
+      uint64_t sc8, m8;
+      kquant_scales8(b + 4, sc8, m8);
+      __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)));
+      _mm256_storeu_ps(rb.mm.data() + g * 8, _mm256_mul_ps(_mm256_set1_ps(s.dmin), mf));
+    } else
+      group_mins(c.f, s, g, rb.mm.data());
+  }
+}
+
+VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) { unpack_groups_avx512(c, n, 0, c.K / c.f.G, rb); }
+
+// NR weight rows × MR rows over groups [g0, g1) (G = 256): the accumulators stay in registers across the groups,
+// in accm [NR][ROW_TILE][16] between calls.
+template <int NR, int MR>
+VNNI_FN inline __attribute__((always_inline)) void micro256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1,
+                                                            int64_t m, int64_t mrow, float* accm) {
+  const int64_t groups = c.K / 256;
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) acc[r][i] = _mm512_load_ps(accm + (r * ROW_TILE + mrow + i) * 16);
+  const int16_t* xr[MR];
+  for (int i = 0; i < MR; i++) xr[i] = c.xq + (m + i) * c.K;
+  // CH independent integer chains per accumulator (summed after: exact), so that a small tile is not bound by
+  // vpdpwssd's latency
+  constexpr int CH = NR * MR >= 8 ? 1 : NR * MR >= 4 ? 2 : 4;
+  for (int64_t g = g0; g < g1; g++) {
+    __m512i is[CH][NR][MR];
+    for (int h = 0; h < CH; h++)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[h][r][i] = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++) {
+      __m512i wv[NR], xv[MR];
+      for (int r = 0; r < NR; r++) wv[r] = _mm512_loadu_si512(rb[r]->w.data() + (g - g0) * 256 + 32 * k);
+      for (int i = 0; i < MR; i++) xv[i] = _mm512_loadu_si512(xr[i] + g * 256 + 32 * k);
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[k % CH][r][i] = _mm512_dpwssd_epi32(is[k % CH][r][i], wv[r], xv[i]);
+    }
+    for (int h = 1; h < CH; h++)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_add_epi32(is[0][r][i], is[h][r][i]);
+    for (int r = 0; r < NR; r++)
+      for (int i = 0; i < MR; i++) {
+        float sc = rb[r]->d[g] * c.dx[(m + i) * groups + g];
+        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[0][r][i]), _mm512_set1_ps(sc)));
+      }
+  }
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + mrow + i) * 16, acc[r][i]);
+}
+
+template <int NR>
+VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1, int64_t m0, int64_t m1, float* accm) {
+  int64_t m = m0;
+  for (; m + 4 <= m1; m += 4) micro256<NR, 4>(c, rb, g0, g1, m, m - m0, accm);
+  switch (m1 - m) {
+    case 3: micro256<NR, 3>(c, rb, g0, g1, m, m - m0, accm); break;
+    case 2: micro256<NR, 2>(c, rb, g0, g1, m, m - m0, accm); break;
+    case 1: micro256<NR, 1>(c, rb, g0, g1, m, m - m0, accm); break;
+  }
+}
+
+// Weight rows n .. n+NR−1 for rows m0 .. m1: groups a chunk at a time (the unpacked chunk stays in L1), then the
+// minimums and the trees.
+template <int NR>
+VNNI_FN void rows_kquant(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, int64_t m1, float* accm) {
+  const int64_t groups = c.K / 256;
+  for (int r = 0; r < NR; r++)
+    for (int64_t i = 0; i < m1 - m0; i++) _mm512_store_ps(accm + (r * ROW_TILE + i) * 16, _mm512_setzero_ps());
+  for (int64_t g0 = 0; g0 < groups; g0 += GROUP_CHUNK) {
+    const int64_t g1 = std::min<int64_t>(groups, g0 + GROUP_CHUNK);
+    for (int r = 0; r < NR; r++) unpack_groups_avx512(c, n + r, g0, g1, *rb[r]);
+    rows256<NR>(c, rb, g0, g1, m0, m1, accm);
+  }
+  for (int r = 0; r < NR; r++)
+    for (int64_t m = m0; m < m1; m++) {
+      float ymn = 0.f;
+      if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rb[r]->mm.data(), c.xsd + m * c.S16, c.S16));
+      c.y[m * c.N + n + r] = finish(c, tree16_avx512(_mm512_load_ps(accm + (r * ROW_TILE + (m - m0)) * 16)), ymn, n + r);
+    }
+}
+
+// K-quants, many rows (a prompt): every weight row of the tile unpacked a chunk of groups at a time (in L2), applied
+// to 64 rows before the next chunk, so that each chunk of x is read from L2 once per weight pair, not the whole of x
+// from memory. Each output's float steps are the same as rows_kquant's, in the same order.
+VNNI_FN void tile_kquant_many_avx512(const Call& c, int64_t n0, int64_t n1) {
+  const int64_t groups = c.K / 256, nt = n1 - n0;
+  std::vector<RowBuf> rbs;
+  rbs.reserve(nt);
+  for (int64_t r = 0; r < nt; r++) rbs.emplace_back(c, GROUP_CHUNK * 256);
+  std::vector<float> accv(nt * ROW_TILE * 16 + 16);
+  float* acc = (float*)(((uintptr_t)accv.data() + 63) & ~(uintptr_t)63);  // [nt][ROW_TILE][16], 64-byte aligned
+  for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
+    const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
+    std::fill(acc, acc + nt * ROW_TILE * 16, 0.f);
+    for (int64_t g0 = 0; g0 < groups; g0 += GROUP_CHUNK) {
+      const int64_t g1 = std::min<int64_t>(groups, g0 + GROUP_CHUNK);
+      for (int64_t r = 0; r < nt; r++) unpack_groups_avx512(c, n0 + r, g0, g1, rbs[r]);
+      int64_t r = 0;
+      for (; r + 2 <= nt; r += 2) {
+        RowBuf* two[2] = {&rbs[r], &rbs[r + 1]};
+        rows256<2>(c, two, g0, g1, m0, m1, acc + r * ROW_TILE * 16);
+      }
+      if (r < nt) {
+        RowBuf* one[1] = {&rbs[r]};
+        rows256<1>(c, one, g0, g1, m0, m1, acc + r * ROW_TILE * 16);
+      }
+    }
+    for (int64_t r = 0; r < nt; r++)
+      for (int64_t m = m0; m < m1; m++) {
+        float ymn = 0.f;
+        if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rbs[r].mm.data(), c.xsd + m * c.S16, c.S16));
+        c.y[m * c.N + n0 + r] = finish(c, tree16_avx512(_mm512_load_ps(acc + (r * ROW_TILE + (m - m0)) * 16)), ymn, n0 + r);
+      }
+  }
+}
+
+VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
+  if (c.f.G == 256 && c.M > MANY_ROWS) return tile_kquant_many_avx512(c, n0, n1);
+  const int G = c.f.G;
+  const int64_t groups = c.K / G;
+  const bool mins = c.f.kmin || c.f.lmin;
+  RowBuf b0(c), b1(c);
+  RowBuf* rb[2] = {&b0, &b1};
+  alignas(64) float accm[2 * ROW_TILE * 16];  // [NR][ROW_TILE] zmm
+  for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
+    const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
+    if (G == 256) {
+      int64_t n = n0;
+      for (; n + 2 <= n1; n += 2) rows_kquant<2>(c, rb, n, m0, m1, accm);
+      if (n < n1) rows_kquant<1>(c, rb, n, m0, m1, accm);
+      continue;
+    }
+    for (int64_t n = n0; n < n1; n++) {  // G = 32: a group is one chunk
+      unpack_row_avx512(c, n, b0);
+      for (int64_t m = m0; m < m1; m++) {
+        const int16_t* x = c.xq + m * c.K;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+          __m512i isum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(b0.w.data() + g * 32),
+                                             _mm512_loadu_si512(x + g * 32));
+          float sc = b0.d[g] * c.dx[m * groups + g];
+          acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(sc)));
+        }
+        float ymn = mins ? tree16_avx512(min_lanes_avx512(b0.mm.data(), c.xsd + m * c.S16, c.S16)) : 0.f;
+        c.y[m * c.N + n] = finish(c, tree16_avx512(acc), ymn, n);
+      }
+    }
+  }
+}
+
+// The activations' quantisation with AVX-512 (same values as the portable one: max, one fp32 multiply, rint).
+template <typename T>
+VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, float* dx, float* xsd) {
+  alignas(64) float buf[256];
+  for (int64_t g = 0; g < K / G; g++) {
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 0; i < G; i += 16) {
+      __m512 v;
+      if constexpr (std::is_same_v<T, float>) {
+        v = _mm512_loadu_ps(x + g * G + i);
+      } else {  // bf16: the upper half of an fp32
+        v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(x + g * G + i))), 16));
+      }
+      _mm512_store_ps(buf + i, v);
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    float amax = _mm512_reduce_max_ps(mx);
+    float inv = amax > 0.f ? 32767.f / amax : 0.f;
+    dx[g] = amax / 32767.f;
+    __m512 iv = _mm512_set1_ps(inv);
+    for (int i = 0; i < G; i += 32) {  // rint under the default rounding (to nearest, ties to even); ±32767 at most
+      __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(buf + i), iv));
+      __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(buf + i + 16), iv));
+      __m512i lim = _mm512_set1_epi32(32767), nlim = _mm512_set1_epi32(-32767);
+      a = _mm512_max_epi32(_mm512_min_epi32(a, lim), nlim);
+      b = _mm512_max_epi32(_mm512_min_epi32(b, lim), nlim);
+      _mm256_storeu_si256((__m256i*)(xq + g * G + i), _mm512_cvtepi32_epi16(a));
+      _mm256_storeu_si256((__m256i*)(xq + g * G + i + 16), _mm512_cvtepi32_epi16(b));
+      xsd[(g * G + i) / 32] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)) * dx[g];
+    }
+  }
+  for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
+}
+
+// Weight rows [n0, n1) as the fp32 values the file means (dequantize, below): d·w − dmin·m_j, d·w + m, or d·w.
+VNNI_FN void dequantize_rows_avx512(const Call& c, int64_t n0, int64_t n1, float* out) {
+  alignas(64) int16_t w[256];
+  const int G = c.f.G;
+  const bool kmin = c.f.kmin, lmin = c.f.lmin;
+  for (int64_t n = n0; n < n1; n++)
+    for (int64_t g = 0; g < c.K / G; g++) {
+      const uint8_t* b = c.w + n * c.row_bytes + g * c.f.block_bytes;
+      Scales s;
+      unpack_avx512(c.qtype, b, w, s);
+      if (kmin) kquant_scales(b + 4, s.sc, s.mins);
+      float* o = out + n * c.K + g * G;
+      const __m512 d = _mm512_set1_ps(s.d);
+      for (int i = 0; i < G; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i*)(w + i)))), d);
+        if (kmin) v = _mm512_sub_ps(v, _mm512_set1_ps(s.dmin * (float)s.mins[i / 32]));
+        else if (lmin) v = _mm512_add_ps(v, _mm512_set1_ps(s.m));
+        _mm512_storeu_ps(o + i, v);
+      }
+    }
+}
+#endif  // QMM_X86
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dispatch
+
+int detect() {
+#if QMM_X86
+  __builtin_cpu_init();
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && __builtin_cpu_supports("avx512vnni")) return AVX512VNNI;  // AVX-512 without VNNI: the AVX2 path
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+#endif
+  return PORTABLE;
+}
+
+const char* path_name(int p) {
+  switch (p) {
+    case PORTABLE: return "portable C++";
+    case AVX2: return "AVX2";
+    case AVX512VNNI: return "AVX-512 VNNI";
+  }
+  return "?";
+}
+
+int best_path() {
+  static int p = detect();
+  return p;
+}
+
+template <typename T>
+void quantize_rows(const T* x, int64_t M, int64_t K, int G, int path, int16_t* xq, float* dx, float* xsd) {
+  at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) {
+#if QMM_X86
+      if (path == AVX512VNNI) {
+        quantize_row_avx512<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xsd + m * s16(K));
+        continue;
+      }
+#endif
+      quantize_row_portable<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xsd + m * s16(K));
+    }
+  });
+}
+
+// y = x · Wᵀ (+ bias). x [M, K] fp32 or bf16; w [N, row_bytes] uint8 (the file's blocks, row after row);
+// bias [N] fp32 or undefined; path 0 = the best this CPU has. -> [M, N] in x's dtype.
+torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
+                 c10::optional<torch::Tensor> bias, int64_t path) {
+  const Format f = format_of(qtype);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "qmatmul: x must be [M, K]");
+  TORCH_CHECK(K % f.G == 0, "qmatmul: K = ", K, " is not a multiple of ", f.G);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "qmatmul: x must be fp32 or bf16");
+  const int64_t row_bytes = K / f.G * f.block_bytes;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
+              "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
+  if (path == AUTO) path = best_path();
+  TORCH_CHECK(path >= PORTABLE && path <= best_path(), "qmatmul: path ", path, " does not run on this CPU");
+  x = x.contiguous();
+  const int64_t M = x.size(0);
+  auto out = torch::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return out.to(x.scalar_type());
+  std::vector<int16_t> xq(M * K);
+  std::vector<float> dx(M * (K / f.G));
+  std::vector<float> xsd(M * s16(K));
+  if (x.scalar_type() == at::kFloat)
+    quantize_rows<float>(x.data_ptr<float>(), M, K, f.G, (int)path, xq.data(), dx.data(), xsd.data());
+  else
+    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), M, K, f.G, (int)path, xq.data(), dx.data(), xsd.data());
+  torch::Tensor b;
+  if (bias && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == N, "qmatmul: bias must be [N]");
+  }
+  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, xq.data(), dx.data(), xsd.data(),
+         b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>()};
+  const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t a = n0; a < n1; a += NB) {
+      const int64_t e = std::min(n1, a + NB);
+#if QMM_X86
+      if (path == AVX512VNNI) { tile_avx512(c, a, e); continue; }
+      if (path == AVX2) { tile_avx2(c, a, e); continue; }
+#endif
+      tile_portable(c, a, e);
+    }
+  });
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+// The weights as the file means them, [N, K] fp32 (for a prompt's prefill: GgufLinear). Exact products, one
+// rounding for the K-quants' minimum: the values of gguf_blocks.dequantize.
+torch::Tensor dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
+  const Format f = format_of(qtype);
+  TORCH_CHECK(K % f.G == 0, "qmatmul: K = ", K, " is not a multiple of ", f.G);
+  const int64_t row_bytes = K / f.G * f.block_bytes;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
+              "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
+  auto out = torch::empty({N, K}, torch::kFloat);
+  Call c{w.data_ptr<uint8_t>(), N, K, 0, row_bytes, s16(K), (int)qtype, f, nullptr, nullptr, nullptr, nullptr, nullptr};
+  float* o = out.data_ptr<float>();
+  const int path = best_path();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+#if QMM_X86
+    if (path == AVX512VNNI) {
+      dequantize_rows_avx512(c, n0, n1, o);
+      return;
+    }
+#endif
+    alignas(64) int16_t q[256];
+    for (int64_t n = n0; n < n1; n++)
+      for (int64_t g = 0; g < K / f.G; g++) {
+        Scales s;
+        unpack_portable((int)qtype, c.w + n * row_bytes + g * f.block_bytes, q, s);
+        for (int i = 0; i < f.G; i++) {
+          float v = (float)q[i] * s.d;
+          if (f.kmin) v = v - s.dmin * (float)s.mins[i / 32];
+          else if (f.lmin) v = v + s.m;
+          o[n * K + g * f.G + i] = v;
+        }
+      }
+  });
+  return out;
+}
+
+std::string backend() { return path_name(best_path()); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
+  m.def("dequantize", &dequantize, "the weights as the file means them, [N, K] fp32");
+  m.def("backend", &backend, "the SIMD path this CPU runs");
+  m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
+}

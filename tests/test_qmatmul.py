@@ -1,0 +1,154 @@
+"""The GGUF-block matmul (kernels/qmatmul.cpp): the block layouts against gguf's own dequantizers, values against
+the fp32 dequantized product within what its arithmetic allows, and the property speculation needs: a row's bits do
+not depend on the other rows, on M, on the thread count or on the SIMD path (the torch twin included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import torch_threads
+from specdec_cli.errors import SpecdecWarning
+from specdec_cli.kernels import gguf_blocks as gb
+from specdec_cli.kernels import qmatmul
+
+TYPES = list(gb.TYPES)
+ROWS = (1, 2, 5, 9, 16, 33)
+
+
+def shape(name):
+    """Awkward shapes: N not a multiple of the 64-row tile (and over one tile), K a few blocks (not a multiple of
+    256 where the type allows)."""
+    return (67, 512) if name.endswith("_k") else (67, 96)
+
+
+def paths_here() -> list[str]:
+    ext = qmatmul.extension()
+    best = ext.best_path() if ext is not None else 0
+    return ["torch"] + [p for p, n in qmatmul.PATHS.items() if n <= best]
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_layouts_match_gguf(name):
+    import gguf
+
+    N, K = shape(name)
+    blocks = gb.random_blocks(name, N, K, seed=3)
+    theirs = gguf.quants.dequantize(blocks.numpy(), gguf.GGMLQuantizationType(gb.type_id(name))).reshape(N, K)
+    assert np.array_equal(gb.dequantize(name, blocks, N, K).numpy(), theirs)
+
+
+def tolerance(x, blocks, name, N, K):
+    """Per output: what int16 activations may move (half a step of each group's scale, and the step's own
+    rounding) plus fp32 rounding over the groups, the lanes' tree and the scale products, on Σ|w·x|."""
+    w = gb.dequantize(name, blocks, N, K).double().abs()
+    G = 256 if name.endswith("_k") else 32
+    amax = x.double().abs().reshape(x.shape[0], K // G, G).amax(-1)
+    step = (amax / 32767 / 2 + amax * 2.0**-22).repeat_interleave(G, 1)  # [M, K]
+    steps = (K // G + K // 32 // 16 + 16) * 2.0**-23
+    return step @ w.T + steps * (x.double().abs() @ w.T) + 1e-30
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_values_against_the_dequantized_product(name):
+    N, K = shape(name)
+    blocks = gb.random_blocks(name, N, K, seed=1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(33, K, generator=g)
+    x[:, 5] *= 40  # an outlier column, as LLM activations have
+    want = qmatmul.reference_mm(x, blocks, name, N, K)
+    tol = tolerance(x, blocks, name, N, K)
+    for M in ROWS:
+        got = qmatmul.gguf_mm(x[:M], blocks, name, N, K).double()
+        assert ((got - want[:M]).abs() <= tol[:M]).all(), (M, ((got - want[:M]).abs() / tol[:M]).max())
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_row_does_not_depend_on_the_others(name):
+    N, K = shape(name)
+    blocks = gb.random_blocks(name, N, K, seed=2)
+    x = torch.randn(40, K)
+    batch = qmatmul.gguf_mm(x, blocks, name, N, K)  # 40 rows: two row tiles
+    for M in (9, 33):
+        assert torch.equal(qmatmul.gguf_mm(x[:M], blocks, name, N, K), batch[:M])
+        assert torch.equal(qmatmul.gguf_mm(x[7:7 + M], blocks, name, N, K), batch[7:7 + M])
+    alone = torch.cat([qmatmul.gguf_mm(x[i:i + 1], blocks, name, N, K) for i in range(40)])
+    assert torch.equal(alone, batch)
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q5_0", "q8_0"])
+def test_threads_do_not_change_bits(name):
+    N, K = 300, 512
+    blocks = gb.random_blocks(name, N, K, seed=4)
+    x = torch.randn(9, K, dtype=torch.bfloat16)
+    with torch_threads(1):
+        one = qmatmul.gguf_mm(x, blocks, name, N, K)
+    with torch_threads(2):
+        two = qmatmul.gguf_mm(x, blocks, name, N, K)
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_every_path_gives_the_same_bits(name):
+    """The portable C++, AVX2 and AVX-512 paths this CPU can run, and the torch twin (the fallback)."""
+    N, K = shape(name)
+    blocks = gb.random_blocks(name, N, K, seed=5)
+    bias = torch.randn(N)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(9, K).to(dtype)
+        outs = {p: qmatmul.gguf_mm(x, blocks, name, N, K, bias=bias, path=p) for p in paths_here()}
+        first = outs["torch"]
+        assert first.dtype == dtype
+        for p, y in outs.items():
+            assert torch.equal(y, first), p
+
+
+def test_leading_dims_bias_and_zero_rows():
+    N, K = 40, 256
+    blocks = gb.random_blocks("q4_k", N, K)
+    x = torch.randn(2, 3, K, dtype=torch.bfloat16)
+    bias = torch.randn(N)
+    y = qmatmul.gguf_mm(x, blocks, "q4_k", N, K, bias=bias)
+    assert y.shape == (2, 3, N) and y.dtype == torch.bfloat16
+    flat = qmatmul.gguf_mm(x.reshape(6, K).float(), blocks, "q4_k", N, K) + bias
+    assert torch.equal(y.reshape(6, N), flat.to(torch.bfloat16))
+    assert qmatmul.gguf_mm(torch.zeros(0, K), blocks, "q4_k", N, K).shape == (0, N)
+    assert torch.equal(qmatmul.gguf_mm(torch.zeros(1, K), blocks, "q4_k", N, K), torch.zeros(1, N))
+
+
+def test_k_must_fill_whole_blocks():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        gb.row_bytes("q4_k", 96)
+    ext = qmatmul.extension()
+    if ext is not None:
+        with pytest.raises(RuntimeError, match="multiple of 256"):
+            ext.mm(torch.zeros(1, 96), torch.zeros(1, 54, dtype=torch.uint8), gb.type_id("q4_k"), 1, 96, None, 0)
+
+
+def test_a_failed_build_falls_back_to_the_twin(monkeypatch):
+    N, K = 20, 256
+    blocks = gb.random_blocks("q6_k", N, K)
+    x = torch.randn(3, K)
+    want = qmatmul.gguf_mm(x, blocks, "q6_k", N, K)
+
+    def broken():
+        raise RuntimeError("Error building extension 'qmatmul'\nc++: not found")
+
+    monkeypatch.setattr(qmatmul, "_state", {})
+    monkeypatch.setattr(qmatmul, "_build", broken)
+    with pytest.warns(SpecdecWarning) as said:
+        assert torch.equal(qmatmul.gguf_mm(x, blocks, "q6_k", N, K), want)
+        qmatmul.gguf_mm(x, blocks, "q6_k", N, K)  # said once
+    assert len(said) == 1
+    line = str(said[0].message)
+    assert "did not build" in line and "c++: not found" in line and "\n" not in line
+    assert qmatmul.backend_line().startswith("torch twin")
+
+
+def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
+    key = qmatmul.build_key()
+    assert len(key) == 16 and key == qmatmul.build_key()
+    assert qmatmul.backend_line()  # one line naming the path
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    assert qmatmul._cache_root() == tmp_path
