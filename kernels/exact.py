@@ -35,7 +35,7 @@ import triton.language as tl
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from .contract import PAD, Verification, triton_backend_name
+from .contract import PAD, Verification, check_draft_tokens, triton_backend_name
 from .draw import assemble, draw_from_weights
 
 # ----------------------------------------------------------------------------------------------------
@@ -65,6 +65,7 @@ def verify_exact_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     reference). A NaN in a row that is never read cannot change the output and is not reported.
     draft_probs None: a deterministic draft, q one-hot at the draft token (q(x) = 1; residual = p without x)."""
     B, gamma = draft_tokens.shape
+    check_draft_tokens(draft_tokens, target_logits.shape[-1])
     V = target_logits.shape[-1]
     inv_t = 1.0 / temperature
     x = draft_tokens[..., None]  # [B, γ, 1]
@@ -229,11 +230,14 @@ def _accept_weights_kernel(
 
     # acceptance from gathered scalars: accept x_c iff q(x_c) > 0 and u_c·q(x_c) <= p(x_c)
     x = tl.load(tokens_ptr + b * stride_tb + c * stride_tc, mask=is_draft, other=0)  # [GAMMA_P2]
-    z_x = tl.load(logits_ptr + b * stride_zb + c * stride_zc + x, mask=is_draft, other=0.0).to(tl.float32)
+    x_ok = (x >= 0) & (x < V)  # an id outside the vocabulary is never read, never accepted, and flagged (stage 3)
+    z_x = tl.load(logits_ptr + b * stride_zb + c * stride_zc + x, mask=is_draft & x_ok, other=0.0).to(tl.float32)
     if ONE_HOT:
-        q_x = tl.full((GAMMA_P2,), 1.0, tl.float32)
+        q_x = tl.where(x_ok, 1.0, 0.0)
     else:
-        q_x = tl.load(draft_ptr + b * stride_qb + c * stride_qc + x, mask=is_draft, other=1.0).to(tl.float32)
+        q_x = tl.load(draft_ptr + b * stride_qb + c * stride_qc + x, mask=is_draft & x_ok,
+                      other=0.0).to(tl.float32)
+        q_x = tl.where(is_draft, q_x, 1.0)
     u = tl.load(u_ptr + b * stride_ub + c * stride_uc, mask=is_draft, other=1.0)
     if SIGMOID:
         p_x = tl.sigmoid((z_x * inv_t - alpha) / (beta - alpha))
@@ -329,7 +333,7 @@ def _draw_kernel(
 
     row_z = logits_ptr + b * stride_zb + n * stride_zc
     row_q = draft_ptr + b * stride_qb + tl.minimum(n, gamma - 1) * stride_qc
-    x_n = tl.load(tokens_ptr + b * stride_tb + tl.minimum(n, gamma - 1) * stride_tc)
+    x_n = tl.load(tokens_ptr + b * stride_tb + tl.minimum(n, gamma - 1) * stride_tc, mask=n < gamma, other=-1)
     token = tl.full((), -1, tl.int64)
     last_positive = tl.full((), -1, tl.int64)
     for off in range(0, chunk, BLOCK):
@@ -350,23 +354,26 @@ def _draw_kernel(
     out = tl.where(c < n, x, tl.where(c == n, token, OUT_PAD))
     tl.store(out_ptr + b * (gamma + 1) + c, out, mask=c <= gamma)
 
-    # what the caller must hear about, read when it chooses (no host synchronisation here)
+    # what the caller must hear about, read when it chooses (no host synchronisation here): any draft id outside
+    # [0, V); NaN, +inf or an all −inf row among the rows the decision read (0..n), as the torch path reads them
     bad = tl.sum(tl.load(draw_bad_ptr + b * SPLITS + k, mask=k < SPLITS, other=0))
-    error = tl.zeros((), tl.int32)
+    error = tl.where(tl.sum(((c < gamma) & ((x < 0) | (x >= V))).to(tl.int32)) > 0, ERR_BAD_TOKEN, 0)
     if not SIGMOID:
         stat = (b * (gamma + 1) + c)[:, None] * SPLITS + k[None, :]  # [GAMMA_P2, SPLITS_P2]
-        stat_mask = (c <= gamma)[:, None] & (k < SPLITS)[None, :]
+        stat_mask = (c <= n)[:, None] & (k < SPLITS)[None, :]
         bad += tl.sum(tl.sum(tl.load(row_bad_ptr + stat, mask=stat_mask, other=0), axis=1))
         row_max = tl.max(tl.load(max_ptr + stat, mask=stat_mask, other=float("-inf")), axis=1)  # [GAMMA_P2]
-        masked = tl.sum(((row_max == float("-inf")) & (c <= gamma)).to(tl.int32))
-        error = tl.where(masked > 0, ERR_ALL_MASKED, error)
+        masked = tl.sum(((row_max == float("-inf")) & (c <= n)).to(tl.int32))
+        error = tl.where(masked > 0, error | ERR_ALL_MASKED, error)
+    error = tl.where(token < 0, error | ERR_ALL_MASKED, error)  # no weight above zero: nothing was drawn
     error = tl.where(bad > 0, error | ERR_NONFINITE, error)
-    tl.store(error_ptr + b, error)
+    tl.store(error_ptr + b, error.to(tl.int32))
 
 
 OUT_PAD: tl.constexpr = tl.constexpr(PAD)  # out_tokens after the emitted ones
 ERR_NONFINITE: tl.constexpr = tl.constexpr(1)  # error bits of _draw_kernel (contract.ERRORS says them)
 ERR_ALL_MASKED: tl.constexpr = tl.constexpr(2)
+ERR_BAD_TOKEN: tl.constexpr = tl.constexpr(4)
 
 
 def _plan(V: int, rows: int, device: torch.device | None, interpreted: bool, sms: int | None = None):
@@ -401,7 +408,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     assert not (one_hot and sigmoid), "sigmoid needs the draft's logits"
     draft = draft_tokens[:, :, None] if one_hot else draft  # never read with ONE_HOT: a pointer of the right kind
     assert one_hot or draft.shape == (B, gamma, V), "shape mismatch"
-    assert target_logits.shape == (B, gamma + 1, V) and uniforms.shape == (B, gamma + 1) and gamma >= 1
+    assert target_logits.shape == (B, gamma + 1, V) and uniforms.shape == (B, gamma + 1) and gamma >= 0
     draft, target_logits = _last_dim_contiguous(draft), _last_dim_contiguous(target_logits)
     uniforms = uniforms.float()
     device = target_logits.device

@@ -22,7 +22,7 @@ import torch
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from .contract import PAD, Verification
+from .contract import PAD, Verification, check_draft_tokens
 
 
 def softmax_row(logits: list[float], temperature: float) -> list[float]:
@@ -58,6 +58,7 @@ def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     """Shapes as in specdec_cli/decoding/verify.py; draft_probs None: one-hot at the draft tokens.
     Returns out_tokens [B, γ+1] and num_accepted [B] (α, β: sigmoid's, not read here)."""
     B, gamma = draft_tokens.shape
+    check_draft_tokens(draft_tokens, target_logits.shape[-1])
     out_tokens = torch.full((B, gamma + 1), PAD, dtype=torch.int64)
     num_accepted = torch.zeros(B, dtype=torch.int64)
     for b in range(B):

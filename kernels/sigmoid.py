@@ -18,7 +18,7 @@ import torch
 
 from specdec_cli.errors import NonFiniteLogitsError
 
-from .contract import Verification, triton_backend_name
+from .contract import Verification, check_draft_tokens, triton_backend_name
 from .draw import assemble, draw_from_weights, first_rejection
 from .exact import verify_triton_op
 
@@ -44,6 +44,7 @@ def verify_sigmoid_torch(draft_tokens: torch.Tensor, draft_logits: torch.Tensor 
     if draft_logits is None:
         raise ValueError("sigmoid verification needs the draft's logits")
     B, gamma = draft_tokens.shape
+    check_draft_tokens(draft_tokens, target_logits.shape[-1])
     zp_x = target_logits[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
     zq_x = draft_logits.gather(-1, draft_tokens[..., None])[..., 0]  # [B, γ]
     _check(zp_x)

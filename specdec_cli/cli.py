@@ -94,6 +94,8 @@ def handle_errors(fn):
             render.error(f"{e} (if this model worked before, `specdec cache verify` checks its cached files)")
             raise typer.Exit(2) from None
         except SpecdecError as e:
+            if os.environ.get("SPECDEC_DEBUG") == "1" and e.__cause__ is not None:
+                raise  # a failure inside a library, said in one line: its traceback on request
             render.error(str(e))
             raise typer.Exit(2) from None
         except BrokenPipeError:  # the reader left (`| head`): stop quietly, as the other tools in a pipe do

@@ -12,6 +12,10 @@ class NonFiniteLogitsError(SpecdecError):
     """NaN or +inf in logits given to verification (−inf marks a masked token and is allowed)."""
 
 
+class InvalidDraftTokensError(SpecdecError):
+    """Draft token ids outside [0, V) given to verification (every backend refuses them alike)."""
+
+
 class SpecdecWarning(UserWarning):
     """Something the user should know and the run goes on: the CLI shows it as one line on stderr."""
 

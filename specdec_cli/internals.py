@@ -42,6 +42,27 @@ def crop_cache(cache, remove: int) -> None:
             layer.crop(0)
 
 
+def cache_is_empty(cache) -> bool:
+    """Whether a forward left nothing in `cache` (a model that keeps its state elsewhere ignores it). Relies on:
+    `cache.layers` (EncoderDecoderCache: `.self_attention_cache.layers`), each with `is_initialized` (key/value
+    layers) or `is_conv_states_initialized` / `is_recurrent_states_initialized` dicts (linear attention)."""
+    cache = getattr(cache, "self_attention_cache", cache)
+    for layer in getattr(cache, "layers", ()):
+        if getattr(layer, "is_initialized", False) or any(getattr(layer, "is_conv_states_initialized", {}).values()) \
+                or any(getattr(layer, "is_recurrent_states_initialized", {}).values()):
+            return False
+    return True
+
+
+def rollback_problem(cache) -> str | None:
+    """Why `cache` cannot be cropped back to fewer tokens, or None. Relies on: transformers' linear-attention
+    layers (Mamba and the like: a recurrent state, `get_max_length() == -1`, no `keys`) in `cache.layers`."""
+    for layer in getattr(cache, "layers", ()):
+        if not hasattr(layer, "keys") and hasattr(layer, "recurrent_states"):
+            return "its cache holds a recurrent state, which cannot be rolled back to the accepted tokens"
+    return None
+
+
 def _sliding_layers(cache) -> list:
     """The sliding-window layers of a cache (none for other kinds). Relies on: `cache.layers`, `layer.is_sliding`."""
     return [layer for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)

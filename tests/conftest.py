@@ -264,8 +264,9 @@ SPECIALS = ["<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|tra
             "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
 
 
-def tiny_processor(extra_tokens: list[str] = ()):
-    """A WhisperProcessor with a byte-level BPE of 256 bytes + 3 merges + <|endoftext|> + SPECIALS."""
+def tiny_processor(extra_tokens: list[str] = (), mels: int = 80):
+    """A WhisperProcessor with a byte-level BPE of 256 bytes + 3 merges + <|endoftext|> + SPECIALS, and a feature
+    extractor of `mels` mel bins (80 for Whisper tiny to large-v2, 128 for large-v3)."""
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import WhisperFeatureExtractor, WhisperProcessor, WhisperTokenizer
 
@@ -275,24 +276,32 @@ def tiny_processor(extra_tokens: list[str] = ()):
         vocab[a + b] = len(vocab)
     tok = WhisperTokenizer(vocab=vocab, merges=merges)
     tok.add_special_tokens({"additional_special_tokens": SPECIALS + list(extra_tokens)})
-    return WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tok)
+    return WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=mels), tokenizer=tok)
 
 
-def save_tiny_whisper(path: Path, seed: int = 0, decoder_layers: int = 3, extra_tokens: list[str] = ()) -> Path:
+def save_tiny_whisper(path: Path, seed: int = 0, decoder_layers: int = 3, extra_tokens: list[str] = (), *,
+                      mels: int = 80, vocab: int | None = None, encoder_of: Path | None = None) -> Path:
+    """A tiny random Whisper saved as a user's own. vocab: its output rows (default: the tokenizer's; Whisper's
+    real sizes, 51 864 English-only, 51 865 multilingual, 51 866 large-v3, pad the tokenizer's ids); encoder_of: a
+    saved Whisper whose encoder weights it takes (a distil-style draft: its own short decoder, the same encoder)."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    processor = tiny_processor(extra_tokens)
+    processor = tiny_processor(extra_tokens, mels)
     tok = processor.tokenizer
     config = WhisperConfig(
-        vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80, max_source_positions=1500,
+        vocab_size=vocab or len(tok), d_model=32, encoder_layers=1, decoder_layers=decoder_layers,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        num_mel_bins=mels, max_source_positions=1500,
         max_target_positions=64, init_std=0.3,  # clear argmax margins: greedy never flips on rounding
         decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"), eos_token_id=tok.eos_token_id,
         pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, suppress_tokens=[],
         begin_suppress_tokens=[tok.eos_token_id],
     )
     torch.manual_seed(seed)
-    WhisperForConditionalGeneration(config).eval().save_pretrained(path)
+    model = WhisperForConditionalGeneration(config).eval()
+    if encoder_of is not None:
+        model.model.encoder.load_state_dict(WhisperForConditionalGeneration.from_pretrained(encoder_of).model.encoder.state_dict())
+    model.save_pretrained(path)
     processor.save_pretrained(path)
     return path
 

@@ -96,7 +96,7 @@ def test_every_linear_runs_on_its_blocks(smollm2_blocks, smollm2):
 
 @pytest.mark.slow
 def test_a_pass_gives_the_bits_of_steps(smollm2_blocks):
-    from specdec_cli.models.exact_rows import exact_rows
+    from specdec_cli.decoding.exact_rows import exact_rows
 
     model = exact_rows(smollm2_blocks.model)
     assert model is not smollm2_blocks.model  # attention by rows, in fp32
@@ -113,7 +113,7 @@ def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
     """The GGUF-block target with the bf16-dequantized SmolLM2 as its draft (close, not equal: passes are scored
     with rejections), greedy: the same tokens as the target alone."""
     from specdec_cli.decoding import generate
-    from specdec_cli.models.exact_rows import exact_rows
+    from specdec_cli.decoding.exact_rows import exact_rows
 
     target = exact_rows(smollm2_blocks.model)
     ids = smollm2.tokenizer("Write one sentence about bees and wildflowers:", return_tensors="pt").input_ids

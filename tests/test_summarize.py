@@ -183,7 +183,7 @@ def test_stats_table_names_each_input_by_its_file_name(model_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------
-# bf16: a pass's rows are a step's bits (models/exact_rows.py), so greedy speculative = autoregressive
+# bf16: a pass's rows are a step's bits (decoding/exact_rows.py), so greedy speculative = autoregressive
 
 
 def _steps_and_pass(model, prompt, k, tokens=None):
@@ -212,7 +212,7 @@ def _steps_and_pass(model, prompt, k, tokens=None):
 def test_exact_rows_give_a_pass_the_bits_of_steps(smollm2):
     """The premise: in bf16 a CPU rounds a pass's rows otherwise than steps (so a near tie of the top two logits
     can flip between them); exact_rows makes every row bit for bit a step's, at every pass length."""
-    from specdec_cli.models.exact_rows import exact_rows, needs_rows
+    from specdec_cli.decoding.exact_rows import exact_rows, needs_rows
 
     prompt = torch.tensor([smollm2.tokenizer("Bumblebees raise more queens near wildflower strips, a study")["input_ids"]])
     steps, passed = _steps_and_pass(smollm2.model, prompt, 5)
@@ -251,8 +251,8 @@ def test_exact_rows_keep_greedy_speculative_autoregressive_at_a_built_tie(smollm
     from torch.nn.functional import linear
 
     from specdec_cli import internals
-    from specdec_cli.decoding import generate
-    from specdec_cli.models.exact_rows import exact_rows, needs_rows
+    from specdec_cli.decoding import Decoder, generate
+    from specdec_cli.decoding.exact_rows import exact_rows, needs_rows
 
     model = smollm2.model
     if not needs_rows(model.lm_head.weight):
@@ -265,9 +265,9 @@ def test_exact_rows_keep_greedy_speculative_autoregressive_at_a_built_tie(smollm
     tied.lm_head = head = nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False, device="meta")
     head.weight = W = nn.Parameter(model.lm_head.weight.detach().clone(), requires_grad=False)
 
-    def decode(target, draft, n, **kw):
+    def decode(target, draft, n, **kw):  # a plain model as it is: generate() would run a bare model as exact_rows
         mode = "autoregressive" if draft is None else "exact"
-        return generate(target, draft, prompt, mode=mode, params=GREEDY, max_new_tokens=n, **kw)
+        return generate(Decoder(target), draft, prompt, mode=mode, params=GREEDY, max_new_tokens=n, **kw)
 
     y = decode(tied, None, k - 1).tokens[0]  # the plain model's greedy tokens: rows 1..k−1 follow them
     seen = []

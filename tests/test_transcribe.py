@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 from conftest import assert_same_up_to_rounding, save_tiny_whisper, torch_threads, whisper_decoder_sums
 from specdec_cli.bench.metrics import wer
 from specdec_cli.cli import app
+from specdec_cli.decoding.exact_rows import RowLinear, row_linear
 from specdec_cli.drafts.int4 import linear, pack_int4
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import cpu_has_fast_bf16
-from specdec_cli.models.exact_rows import RowLinear, row_linear
 from specdec_cli.models.whisper import check_language_task, cross_attention_dtype, load_whisper, prompt_ids, special_ids
 from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
 from specdec_cli.tasks import transcribe as T

@@ -338,6 +338,7 @@ def test_inputs_are_read_through_their_strides():
 def test_errors_wait_in_a_flag_until_the_caller_reads_them(poison, bit):
     tokens, probs, target, u, _ = make_case(2, 3, 64, seed=1)
     target[1, 2] = float("nan") if poison == "nan" else float("-inf")
+    u = torch.full_like(u, 1e-9)  # every draft token that can pass does: the decision reads row 2
     args = [t.to(DEVICE) for t in (tokens, probs, target, u)]
     error = exact.verify_exact_triton(*args).error.cpu()  # no raise
     assert error[0] == 0 and error[1] & bit  # (a row of NaN also reads as all masked: both bits)
@@ -398,3 +399,73 @@ def test_what_a_compile_depends_on_is_bounded():
         keys = {(triton.next_power_of_2(g + 1), triton.next_power_of_2(exact._plan(V, b * (g + 1), None, False, sms)[1]))
                 for g in range(1, options.MAX_GAMMA + 1) for b in range(1, 65) for V in (32000, 151936)}
         assert len(keys) <= 6 * 7
+
+
+# --- inputs at the edge of the contract, handled alike by every backend ----------------------------------
+
+
+def _every_kernel():
+    """(name, fn) of every implementation of every mode: the torch ones, and the Triton ones where DEVICE says."""
+    from specdec_cli.decoding.verify import VERIFIERS
+
+    for name, v in VERIFIERS.items():
+        yield f"{name}/torch", v, v.torch_kernel
+        if v.triton_kernel is not None:
+            yield f"{name}/triton", v, on_device(v.triton_kernel)
+
+
+@pytest.mark.parametrize("bad", [-1, 100, 10**6])
+def test_draft_ids_outside_the_vocabulary_are_refused_alike(bad):
+    """An id outside [0, V) (a −1 placeholder, one past V) is refused in one line by every backend: the torch ones
+    check, the Triton kernel raises its flag and never reads the neighbouring row (it would have accepted it)."""
+    from specdec_cli.errors import InvalidDraftTokensError
+
+    tokens, probs, target, u, logits = make_case(2, 3, 100, seed=8)
+    target[:] = -20.0
+    target[..., 99] = 10.0  # peaked: a read of the next row's logit at 99 would accept
+    tokens = torch.tensor([[99, 99, bad], [1, 2, 3]])
+    for name, v, fn in _every_kernel():
+        for draft in ((logits,) if v.reads == "logits" else (probs, None)):
+            with pytest.raises(InvalidDraftTokensError, match="outside"):
+                fn(tokens, draft, target, u).checked() if name.endswith("torch") else fn(tokens, draft, target, u)
+
+
+def test_an_all_masked_row_that_is_never_read_is_not_judged():
+    """Rule: only the rows a decision reads are judged (the accepted positions and the drawn row): a row of −inf
+    after the first rejection changes nothing and is not reported, by any backend; the same row where it is read
+    is refused by all."""
+    tokens, probs, target, _, logits = make_case(2, 2, 50, seed=9)
+    target[:, 0] = -30.0
+    target[:, 0, 7] = 5.0  # every draft token but 7 is rejected at position 0...
+    tokens[:, 0] = 1
+    target[:, 2] = float("-inf")  # ...so the bonus row is never read
+    expected = verify_reference(tokens, probs, target, torch.ones(2, 3))
+    for _, v, fn in _every_kernel():
+        draft = logits if v.reads == "logits" else probs
+        got = fn(tokens, draft, target, torch.ones(2, 3))
+        assert got.num_accepted.tolist() == [0, 0] and got.out_tokens[:, 0].tolist() == [7, 7]
+        if v.lossless:
+            assert_same(expected, got, "an unread masked row")
+    target[:, 0] = float("-inf")  # now the drawn row itself is all −inf
+    for _, v, fn in _every_kernel():
+        with pytest.raises(NonFiniteLogitsError):
+            fn(tokens, logits if v.reads == "logits" else probs, target, torch.ones(2, 3))
+
+
+def test_gamma_zero_is_a_plain_draw_everywhere():
+    """γ = 0: no draft token, every backend returns the bonus token drawn from row 0 (the same token where the
+    draw is by inverse CDF with the same uniform; baseline draws from the same distribution by multinomial)."""
+    g = torch.Generator().manual_seed(11)
+    target = torch.randn(3, 1, 40, generator=g) * 3
+    u = 1 - torch.rand(3, 1, generator=g)
+    tokens, empty = torch.empty(3, 0, dtype=torch.int64), torch.empty(3, 0, 40)
+    expected = verify_reference(tokens, empty, target, u)
+    for name, v, fn in _every_kernel():
+        got = fn(tokens, empty, target, u)
+        assert got.num_accepted.tolist() == [0, 0, 0] and got.out_tokens.shape == (3, 1), name
+        if v.lossless and not name.startswith("baseline"):
+            assert_same(expected, got, name)
+    one_hot = torch.full((3, 1, 40), float("-inf"))
+    one_hot[:, 0, 5] = 0.0
+    for name, _, fn in _every_kernel():
+        assert fn(tokens, empty, one_hot, u).out_tokens.tolist() == [[5]] * 3, name

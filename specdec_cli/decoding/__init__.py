@@ -4,7 +4,8 @@ stats, sampling, and the verification registry.
     loop.py      generate(): prefill → draft γ → score γ+1 → verify → crop caches → adapt γ
     slots.py     Slots: the slot grid both models share (drafts read it, the loop alone changes it)
     draft.py     Draft (the protocol every draft kind follows), Batch, DraftSettings, Proposal, ModelDraft
-    adapters.py  Decoder, Seq2SeqDecoder: how a model with a KV cache enters the loop
+    adapters.py  Decoder, Seq2SeqDecoder: how a model with a KV cache enters the loop; where its layers are
+    exact_rows.py a causal LM whose multi-token passes compute each row as its one-token steps do
     schedule.py  the γ schedules: constant, heuristic, auto (γ from measured costs and acceptance)
     stats.py     GenerationStats, GenerationResult, merge_stats
     sampling.py  temperature, top-k, top-p; inverse-CDF sampling with caller-supplied uniforms
@@ -13,7 +14,7 @@ stats, sampling, and the verification registry.
 Imports run downward only: decoding uses kernels, never models, drafts, tasks, bench or the CLI.
 """
 
-from specdec_cli.decoding.adapters import Decoder, LogitsHook, Seq2SeqDecoder, as_decoder
+from specdec_cli.decoding.adapters import Decoder, LogitsHook, Seq2SeqDecoder
 from specdec_cli.decoding.draft import Batch, Draft, DraftSettings, ModelDraft, Proposal, as_draft
 from specdec_cli.decoding.loop import generate
 from specdec_cli.decoding.sampling import SamplingParams
@@ -24,4 +25,4 @@ from specdec_cli.decoding.verify import VERIFIERS, Verifier
 
 __all__ = ["VERIFIERS", "Batch", "Decoder", "Draft", "DraftSettings", "GenerationResult", "GenerationStats",
            "LogitsHook", "ModelDraft", "Proposal", "SamplingParams", "Seq2SeqDecoder", "Slots", "Verifier",
-           "as_decoder", "as_draft", "generate", "make_schedule", "merge_stats"]
+           "as_draft", "generate", "make_schedule", "merge_stats"]

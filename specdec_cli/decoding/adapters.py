@@ -10,6 +10,7 @@ same four methods.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from specdec_cli import internals
+from specdec_cli.errors import SpecdecError, first_line
 
 # logits [B, T, V], positions [B, T] of the tokens these logits predict, tokens [B, S]: the token of every
 # slot up to the last logits row's input (−1 where a slot is not in the row's sequence: padding, holes);
@@ -75,15 +77,22 @@ class Decoder:
             # Qwen2.5-0.5B's head on a 2-core EPYC, against 20 ms); indexing gives a dense copy of `keep` rows
             T = tokens.shape[1]
             kwargs["logits_to_keep"] = keep if keep >= T else torch.arange(T - keep, T, device=tokens.device)
-        out = self.model(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            **kwargs,
-        )
+        with self.driving():
+            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                             past_key_values=self.cache, use_cache=True, **kwargs)
         return out.logits[:, -keep:] if keep else out.logits
+
+    @contextlib.contextmanager
+    def driving(self):
+        """A failure inside the model's own forward, said in one line that names the model (SpecdecError, its cause
+        kept for SPECDEC_DEBUG=1): the loop cannot drive it."""
+        try:
+            yield
+        except SpecdecError:
+            raise
+        except Exception as e:
+            raise SpecdecError(f"{type(self.model).__name__} cannot be driven by the decoding loop: its forward failed "
+                               f"({type(e).__name__}: {first_line(e)})") from e
 
     def forward(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
         """tokens [B, T], mask [B, length+T] bool or None (all valid), positions [B, T]
@@ -97,11 +106,22 @@ class Decoder:
         return logits
 
     def prefill(self, tokens, mask, positions) -> None:
-        """Fill a fresh cache with the prompt slots; their logits are not needed."""
+        """Fill a fresh cache with the prompt slots; their logits are not needed. A model that left its KV cache
+        empty (it keeps its state elsewhere, e.g. RWKV) is refused: its steps would not see the prompt."""
         self.reset()
         if tokens.shape[1] > 0:
             self._call(tokens, mask, positions, keep=1)
             self.length, self.seen = tokens.shape[1], tokens
+            if internals.cache_is_empty(self.cache):
+                raise SpecdecError(f"{type(self.model).__name__} cannot be driven by the decoding loop: it keeps no "
+                                   "KV cache in past_key_values (its state lives elsewhere)")
+
+    def check_rollback(self) -> None:
+        """Refuse, in one line, a model whose cache cannot be cropped back to the accepted tokens (a recurrent
+        state, as Mamba's): speculative decoding must drop rejected tokens."""
+        problem = internals.rollback_problem(self.cache)
+        if problem:
+            raise SpecdecError(f"{type(self.model).__name__} cannot speculate: {problem} (--mode autoregressive runs it)")
 
     def crop(self, length: int) -> None:
         """Drop every slot from `length` on (no recomputation of the prefix); sliding-window layers are trimmed
@@ -138,6 +158,21 @@ class Seq2SeqDecoder(Decoder):
         return out.logits[:, -keep:] if keep else out.logits
 
 
+def layers_path(model) -> tuple[str, ...] | None:
+    """Where a causal LM keeps its decoder layers, as attribute names from the model: ("model", "layers") for
+    Llama, Qwen, Mistral, Gemma, Phi-3, ...; ("transformer", "h") for GPT-2; ("gpt_neox", "layers"); ("model",
+    "decoder", "layers") for OPT. The ModuleList of config.num_hidden_layers under the base model, at most one
+    module down; None when there is none."""
+    prefix = getattr(model, "base_model_prefix", "model")
+    base, n = getattr(model, prefix, None), getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if not isinstance(base, torch.nn.Module) or not n:
+        return None
+    for name, module in base.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n and name.count(".") <= 1:
+            return (prefix, *name.split("."))
+    return None
+
+
 def _select_rows(value, rows: torch.Tensor):
     if isinstance(value, torch.Tensor) and value.dim() > 0:
         return value.index_select(0, rows.to(value.device))
@@ -146,9 +181,3 @@ def _select_rows(value, rows: torch.Tensor):
     if isinstance(value, tuple):
         return tuple(_select_rows(v, rows) for v in value)
     return value
-
-
-def as_decoder(model) -> Decoder | None:
-    if model is None or isinstance(model, Decoder):
-        return model
-    return Decoder(model)

@@ -23,8 +23,9 @@ import torch
 
 from specdec_cli import options
 from specdec_cli.decoding import schedule as schedules
-from specdec_cli.decoding.adapters import Decoder, as_decoder
+from specdec_cli.decoding.adapters import Decoder
 from specdec_cli.decoding.draft import Draft, DraftSettings, Proposal, as_draft, fit_vocab
+from specdec_cli.decoding.exact_rows import exact_rows
 from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
 from specdec_cli.decoding.schedule import Round
 from specdec_cli.decoding.slots import Slots
@@ -164,7 +165,8 @@ def generate(
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
-    target: a transformers causal LM or a `Decoder`; draft: a `Draft` fitted to these rows (draft.py), or a
+    target: a transformers causal LM (run as exact_rows makes it: its passes compute each row as its steps do, so
+    greedy output is its own generate()'s, in bf16 too) or a `Decoder`; draft: a `Draft` fitted to these rows (draft.py), or a
     transformers model or Decoder (as transformers' assistant_model; unused, may be None, for autoregressive).
     gamma_schedule: a name (options.GAMMA_SCHEDULES; γ is its start, or for auto its upper bound) or a
     schedule object (schedule.make), which keeps what it measured from one call to the next. params:
@@ -184,7 +186,7 @@ def generate(
     options.at_least("--max-new-tokens", max_new_tokens, 0)
     params = SamplingParams() if params is None else params
     eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or ())
-    target = as_decoder(target)
+    target = target if isinstance(target, Decoder) else Decoder(exact_rows(target))  # steps and passes alike
     if draft is not None and input_ids.shape[0] > 1 and _sliding(target, draft):
         return _row_by_row(target, draft, input_ids, attention_mask, schedule, mode=mode, gamma=gamma, params=params,
                            max_new_tokens=max_new_tokens, eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend,
@@ -226,6 +228,9 @@ def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationSta
     decoders = [run.target, *(run.draft.decoders if run.draft is not None else ())]
     t_start = _clock(run.device)
     prefill(decoders, slots, on_prefill)
+    if run.draft is not None:
+        for decoder in decoders:
+            decoder.check_rollback()
     stats.prefill_s = _clock(run.device) - t_start
     while True:
         g = min(schedule.next(), max(rows.remaining()) - 1) if run.draft is not None else 0  # never overshoot

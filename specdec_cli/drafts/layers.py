@@ -8,25 +8,11 @@ import copy
 from torch import nn
 
 from specdec_cli import internals
+from specdec_cli.decoding.adapters import layers_path
 from specdec_cli.drafts import causal, spec
 from specdec_cli.errors import SpecdecError
 from specdec_cli.models import LoadedModel, check_compatible
 from specdec_cli.options import DecodeOptions
-
-
-def layers_path(model) -> tuple[str, ...] | None:
-    """Where a causal LM keeps its decoder layers, as attribute names from the model: ("model", "layers") for
-    Llama, Qwen, Mistral, Gemma, Phi-3, ...; ("transformer", "h") for GPT-2; ("gpt_neox", "layers"); ("model",
-    "decoder", "layers") for OPT. The ModuleList of config.num_hidden_layers under the base model, at most one
-    module down; None when there is none."""
-    prefix = getattr(model, "base_model_prefix", "model")
-    base, n = getattr(model, prefix, None), getattr(model.config, "num_hidden_layers", None)
-    if not isinstance(base, nn.Module) or not n:
-        return None
-    for name, module in base.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == n and name.count(".") <= 1:
-            return (prefix, *name.split("."))
-    return None
 
 
 def decoder_layers(model) -> nn.ModuleList | None:

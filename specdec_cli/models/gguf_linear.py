@@ -34,6 +34,8 @@ class GgufLinear(nn.Module):
     """y = x · Wᵀ + b with W [out, in] in its GGUF blocks. `weight` is a meta tensor: its shape and dtype, no values
     (dequantized() gives them)."""
 
+    rows_alike = True  # each row computes alike whatever the other rows (decoding/exact_rows.py keeps it as it is)
+
     def __init__(self, blocks: torch.Tensor, qtype: str, in_features: int, out_features: int,
                  bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()

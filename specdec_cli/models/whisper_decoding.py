@@ -24,7 +24,7 @@ from torch import nn
 
 from specdec_cli import internals
 from specdec_cli.decoding import Seq2SeqDecoder
-from specdec_cli.models.exact_rows import copy_with_row_linears, row_linear, sdpa_by_rows, step_attention
+from specdec_cli.decoding.exact_rows import copy_with_row_linears, row_linear, sdpa_by_rows, step_attention
 from specdec_cli.models.loading import LoadedModel
 from specdec_cli.models.whisper import SAMPLE_RATE
 
@@ -86,7 +86,7 @@ def cross_kv(layers: Sequence[nn.Module], encoded: torch.Tensor,
 
 def _with_attention(decoder: nn.Module, name: str, fn) -> nn.Module:
     """A shallow copy of a Whisper decoder (weights and caches shared) whose attention modules run `fn` and
-    whose linear layers compute a lone row as a pass does (models/exact_rows.row_linear); its config, hence its masks, stay
+    whose linear layers compute a lone row as a pass does (decoding/exact_rows.row_linear); its config, hence its masks, stay
     transformers' sdpa ones."""
     config = internals.config_with_attention(decoder.config, name, fn)
     clone = internals.shallow_copy(decoder)
@@ -160,7 +160,7 @@ class ExactScorer(WindowDecoder):
     Layer norms and GELU compute a row the same in a many-row call as alone, and so do the linear layers from
     two rows on (a lone row is computed as two: RowLinear); torch's scaled_dot_product_attention does not (a
     9-row call rounds differently from nine 1-row calls and flipped 0.7 % of the greedy tokens of the 74 s
-    LibriVox recording in bf16), so attention runs row by row (models/exact_rows.sdpa_by_rows). Needs the target's attention
+    LibriVox recording in bf16), so attention runs row by row (decoding/exact_rows.sdpa_by_rows). Needs the target's attention
     to be sdpa (transformers' default for Whisper); tests/test_transcribe.py checks the rows bit for bit."""
 
     attention = staticmethod(sdpa_by_rows)

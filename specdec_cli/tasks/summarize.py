@@ -17,7 +17,6 @@ from specdec_cli.decoding import Batch, Draft, GenerationStats, SamplingParams, 
 from specdec_cli.errors import SpecdecError, warn
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
-from specdec_cli.models.exact_rows import exact_rows
 from specdec_cli.options import SummarizeOptions
 
 INSTRUCTION = "Summarize the following news article in two or three sentences. Reply with the summary only."
@@ -133,7 +132,7 @@ def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
     while a long prompt is read (progress).
 
     The draft is fitted to each batch (Draft.fit): a model draft's output layer then scores the frequent ids
-    plus the batch's prompt ids (drafts/causal.py). The target runs as models.exact_rows makes it in every
+    plus the batch's prompt ids (drafts/causal.py). The target runs as decoding.exact_rows makes it (generate) in every
     mode: a pass over a round's tokens gives each the bits a one-token step gives, so greedy output is the
     autoregressive output token for token in bf16 too."""
     opts = (options or SummarizeOptions()).replace(**overrides).validate()
@@ -151,7 +150,7 @@ def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
         input_ids, attention_mask = left_pad(prompts[chunk], pad)
         fitted = draft.fit(Batch(input_ids)) if opts.speculative and draft is not None else None
         result = generate(
-            exact_rows(model), fitted, input_ids.to(target.device), attention_mask.to(target.device),
+            model, fitted, input_ids.to(target.device), attention_mask.to(target.device),
             mode=opts.mode, gamma=opts.gamma, gamma_schedule=schedule, params=params,
             max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
             backend=opts.backend, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,

@@ -11,9 +11,11 @@ Norms, rotary embeddings and activations compute a row alone. So:
     step_attention   transformers' sdpa, the mask of one query dropped where transformers drops it
     sdpa_by_rows     a pass of up to ROWS queries, one query at a time over the keys a step would see
     fp32_by_rows     the same with each one-query call in fp32 (a causal LM's steps and passes alike)
-    exact_rows       a shallow copy of a causal LM (weights, buffers shared) made of RowLinear and fp32_by_rows
-                     (a model on GGUF blocks, models/gguf_linear.py, keeps its GgufLinear layers: their rows compute
-                     alike in any dtype; its attention is made fp32_by_rows all the same)
+    exact_rows       a shallow copy of a causal LM (weights, buffers shared): in its decoder layers (wherever its
+                     family keeps them: adapters.layers_path) every linear layer a RowLinear and every attention
+                     fp32_by_rows; its output layer a RowLinear. A layer that says its rows compute alike already
+                     (`rows_alike`: a model on GGUF blocks, models/gguf_linear.py) is kept; its attention is made
+                     fp32_by_rows all the same.
 
 One query in fp32: torch's CPU sdpa takes ~7× longer for one bf16 query than for the same in fp32 (Qwen2.5 1.5B,
 605 keys: 822 against 126 µs a layer, AMD EPYC, 2 threads), so a causal LM's one-query attention runs in fp32
@@ -29,21 +31,24 @@ import torch
 from torch import nn
 
 from specdec_cli import internals, options
-from specdec_cli.models.gguf_linear import GgufLinear
+from specdec_cli.decoding.adapters import layers_path
 
 ROWS = options.MAX_GAMMA + 1  # a pass scores at most γ+1 rows; longer calls are prompt prefill, batched as usual
 
 
 class RowLinear(nn.Module):
-    """An nn.Linear (weights shared) that computes a lone row [.., 1, in] as the first of two rows."""
+    """A linear layer (nn.Linear, or transformers' Conv1D: GPT-2), weights shared, that computes a lone row
+    [.., 1, in] as the first of two rows."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Module):
         super().__init__()
         self.linear = linear
 
     @property
     def weight(self) -> torch.Tensor:  # what get_output_embeddings() callers read
-        return self.linear.weight
+        weight = self.linear.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[:-1].numel() == 1:
@@ -57,9 +62,16 @@ def needs_rows(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
 
 
+def _is_linear(module: nn.Module) -> bool:
+    """nn.Linear itself, or transformers' Conv1D (GPT-2's linear layers: x·W + b with W [in, out]); not a
+    subclass (an int8 layer) nor a layer whose rows compute alike already."""
+    return type(module) is nn.Linear or type(module).__name__ == "Conv1D"
+
+
 def row_linear(linear: nn.Module) -> nn.Module:
-    """RowLinear(linear) for an nn.Linear where needs_rows, else `linear` itself (e.g. an int8 layer)."""
-    return RowLinear(linear) if type(linear) is nn.Linear and needs_rows(linear.weight) else linear
+    """RowLinear(linear) for a linear layer (_is_linear) where needs_rows, else `linear` itself."""
+    weight = getattr(linear, "weight", None)
+    return RowLinear(linear) if _is_linear(linear) and isinstance(weight, torch.Tensor) and needs_rows(weight) else linear
 
 
 def step_attention(module, query, key, value, attention_mask, **kwargs):
@@ -104,35 +116,46 @@ def fp32_by_rows(module, query, key, value, attention_mask, **kwargs):
 
 
 def copy_with_row_linears(module: nn.Module) -> nn.Module:
-    """A shallow copy of `module` with its direct nn.Linear children made row_linear."""
+    """A shallow copy of `module` with its direct linear children made row_linear."""
     clone = internals.shallow_copy(module)
     for name, child in module.named_children():
-        if type(child) is nn.Linear:
+        if _is_linear(child):
             setattr(clone, name, row_linear(child))
+    return clone
+
+
+def _rows_copy(module: nn.Module, config, old_config) -> nn.Module:
+    """A shallow copy of `module` and of every module below it, each linear layer made row_linear, and each
+    module that reads the model's config reading `config` (attention by rows) instead."""
+    if _is_linear(module):
+        return row_linear(module)
+    clone = internals.shallow_copy(module)
+    if getattr(module, "config", None) is old_config:
+        clone.config = config
+    for name, child in module.named_children():
+        setattr(clone, name, _rows_copy(child, config, old_config))
     return clone
 
 
 def exact_rows(model: nn.Module) -> nn.Module:
     """A causal LM whose steps and passes compute each row alike (the module docstring), sharing `model`'s
-    weights; `model` itself when its weights need nothing (needs_rows) or it does not run sdpa attention.
-    Relies on the llama layout transformers gives Llama, Qwen2, Mistral, SmolLM: model.model.layers[i] with
-    .self_attn (q/k/v/o_proj, reading .config on every call) and .mlp (gate/up/down_proj), and model.lm_head."""
-    head = model.get_output_embeddings()
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    on_blocks = isinstance(head, GgufLinear)  # its rows compute alike already; attention still needs them
-    if (head is None or not (on_blocks or needs_rows(head.weight)) or layers is None
-            or internals.attention_implementation(model.config) != "sdpa"
-            or not all(hasattr(layer, "self_attn") and hasattr(layer, "mlp") for layer in layers)):
+    weights; `model` itself when nothing needs it (its output layer neither needs_rows nor on blocks), it does not
+    run sdpa attention, or its family keeps its decoder layers where layers_path does not look.
+    Limitation: a mixture-of-experts layer computes each expert's rows together, so a step (one row) and a pass
+    may round otherwise there (experts are not linear layers); greedy output may then differ from a step's."""
+    head = model.get_output_embeddings()  # type: ignore[operator]  # a transformers PreTrainedModel's
+    path = layers_path(model)
+    on_blocks = getattr(head, "rows_alike", False)  # its rows compute alike already; attention still needs them
+    if (head is None or not (on_blocks or needs_rows(head.weight)) or path is None
+            or internals.attention_implementation(model.config) != "sdpa"):
         return model
     config = internals.config_with_attention(model.config, "specdec_fp32_by_rows", fp32_by_rows)
-    clone, clone.model = internals.shallow_copy(model), internals.shallow_copy(inner)
-    clone.model.layers = nn.ModuleList()
-    for layer in layers:
-        layer = internals.shallow_copy(layer)
-        layer.self_attn = copy_with_row_linears(layer.self_attn)
-        layer.self_attn.config = config  # attention by rows, in fp32; the model's masks stay sdpa's
-        layer.mlp = copy_with_row_linears(layer.mlp)
-        clone.model.layers.append(layer)
-    clone.lm_head = row_linear(model.lm_head)
+    clone = parent = internals.shallow_copy(model)
+    for name in path[:-1]:  # shallow copies on the way to the layers: the original keeps its own
+        child = internals.shallow_copy(getattr(parent, name))
+        setattr(parent, name, child)
+        parent = child
+    layers = getattr(parent, path[-1])
+    setattr(parent, path[-1], nn.ModuleList([_rows_copy(layer, config, model.config) for layer in layers]))
+    clone.set_output_embeddings(row_linear(head))
     return clone
