@@ -18,7 +18,15 @@ Inputs
 Outputs (kernels.Verification)
     out_tokens    int64 [B, γ+1]      accepted draft tokens, then the resampled or bonus token, then PAD (−1)
     num_accepted  int64 [B]           how many draft tokens were accepted (0..γ)
-    error         int32 [B] or None   Triton's NaN / +inf flags, read with the counts (Verification.accepted)
+    error         int32 [B] or None   Triton's flags, read with the counts (Verification.accepted)
+
+At the edges, every implementation alike (tests/test_verify.py holds each against the others):
+    - a draft id outside [0, V) is refused (InvalidDraftTokensError); the Triton kernel flags it and never reads
+      the logits it would point at;
+    - only the rows a decision reads are judged: the accepted positions and the row drawn from (the first
+      rejection, or the bonus row). NaN, +inf or an all −inf row there is refused (NonFiniteLogitsError); after
+      the first rejection a row changes nothing and is not read;
+    - γ = 0 is a plain draw: out_tokens [B, 1] holds the token drawn from row 0, num_accepted is 0.
 """
 
 from __future__ import annotations
