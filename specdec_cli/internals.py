@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 
 # ----------------------------------------------------------------------------------------------------
 # transformers
@@ -19,7 +20,8 @@ import copy
 
 def crop_cache(cache, remove: int) -> None:
     """Drop the last `remove` slots of a KV cache. Relies on: `Cache.crop(n)` with n < 0 removing −n
-    tokens (transformers 5 refuses the older positive "final length" form)."""
+    tokens: `crop(max_length)` in the first 5.x releases (negative: remove), `crop(tokens_to_remove)` later
+    (refuses the positive "final length" form)."""
     if remove > 0:
         cache.crop(-remove)
 
@@ -97,12 +99,21 @@ def drop_quantization_config(config) -> None:
     config.__dict__.pop("quantization_config", None)
 
 
-def speculative_sampling(*args, **kwargs):
+def speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits):
     """transformers' own verification step (`bench --modes hf`). Relies on: `transformers.generation.utils.
-    _speculative_sampling(candidate_input_ids, candidate_logits, γ, new_logits, ...) -> (tokens, n_matches)`."""
-    from transformers.generation.utils import _speculative_sampling
+    _speculative_sampling(candidate_input_ids, candidate_logits, γ, new_logits, ...) -> (tokens, n_matches)`;
+    the first 5.x releases also require `is_done_candidate` (False here: no EOS among the candidates)."""
+    fn, extra = _speculative_sampling()
+    return fn(candidate_input_ids, candidate_logits, candidate_length, new_logits, **extra)
 
-    return _speculative_sampling(*args, **kwargs)
+
+@functools.cache
+def _speculative_sampling():  # looked up once: `bench --modes hf` times each call
+    import inspect
+
+    from transformers.generation.utils import _speculative_sampling as fn
+
+    return fn, {"is_done_candidate": False} if "is_done_candidate" in inspect.signature(fn).parameters else {}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -191,8 +202,8 @@ def check() -> list[str]:
     need("DynamicLayer.lazy_initialization", lambda: hasattr(
         importlib.import_module("transformers.cache_utils").DynamicLayer, "lazy_initialization"))
     need("DynamicCache.layers is a list", lambda: isinstance(importlib.import_module("transformers").DynamicCache().layers, list))
-    need("Cache.crop takes a negative count", lambda: "tokens_to_remove" in inspect.signature(
-        importlib.import_module("transformers.cache_utils").DynamicLayer.crop).parameters)
+    need("Cache.crop takes a negative count", lambda: {"tokens_to_remove", "max_length"} & set(inspect.signature(
+        importlib.import_module("transformers.cache_utils").DynamicLayer.crop).parameters))
     need("transformers.AttentionInterface.register", lambda: hasattr(importlib.import_module("transformers").AttentionInterface, "register"))
     need("PretrainedConfig._attn_implementation", lambda: hasattr(importlib.import_module("transformers").PretrainedConfig(), "_attn_implementation"))
     need("transformers.integrations.sdpa_attention.sdpa_attention_forward",
@@ -200,7 +211,8 @@ def check() -> list[str]:
     need("torch.ao.nn.quantized.dynamic.Linear.from_float", lambda: hasattr(torch.ao.nn.quantized.dynamic.Linear, "from_float"))
     need("torch.ao.quantization.per_channel_dynamic_qconfig", lambda: hasattr(torch.ao.quantization, "per_channel_dynamic_qconfig"))
     need("transformers.modeling_gguf_pytorch_utils.tqdm", attr("transformers.modeling_gguf_pytorch_utils", "tqdm"))
-    need("transformers.generation.utils._speculative_sampling", attr("transformers.generation.utils", "_speculative_sampling"))
+    need("transformers.generation.utils._speculative_sampling(ids, logits, γ, new_logits)",
+         lambda: inspect.signature(_speculative_sampling()[0]).bind(0, 0, 0, 0, **_speculative_sampling()[1]))
     need("torch.nn.Module._modules / _parameters / _buffers",
          lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), n), dict) for n in ("_modules", "_parameters", "_buffers")))
     need("torch.ops.aten._weight_int8pack_mm", lambda: hasattr(torch.ops.aten, "_weight_int8pack_mm"))
