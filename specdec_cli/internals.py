@@ -2,7 +2,8 @@
 
 Each function here names what it relies on. A transformers or torch upgrade that moves one of them fails
 `check()` (run by tests/test_layout.py) with a line that names it, instead of failing deep inside a run.
-Tested with transformers 5.23 and torch 2.13 (pyproject.toml pins transformers to that range).
+Tested with transformers 5.0–5.24 and torch 2.13 (`make compat`; pyproject.toml's range says which releases);
+where an internal moved within that range, the function says what each release has.
 
 This module imports nothing of specdec, so every layer may use it; torch and transformers are imported
 on use.
@@ -20,8 +21,8 @@ import functools
 
 def crop_cache(cache, remove: int) -> None:
     """Drop the last `remove` slots of a KV cache. Relies on: `Cache.crop(n)` with n < 0 removing −n
-    tokens: `crop(max_length)` in the first 5.x releases (negative: remove), `crop(tokens_to_remove)` later
-    (refuses the positive "final length" form)."""
+    tokens: `crop(max_length)` in 5.0–5.14 (negative: remove; it also fails on a layer never filled),
+    `crop(tokens_to_remove)` from 5.15 (refuses the positive "final length" form)."""
     if remove > 0:
         cache.crop(-remove)
 
@@ -102,7 +103,7 @@ def drop_quantization_config(config) -> None:
 def speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits):
     """transformers' own verification step (`bench --modes hf`). Relies on: `transformers.generation.utils.
     _speculative_sampling(candidate_input_ids, candidate_logits, γ, new_logits, ...) -> (tokens, n_matches)`;
-    the first 5.x releases also require `is_done_candidate` (False here: no EOS among the candidates)."""
+    5.0–5.17 also require `is_done_candidate` (False here: no EOS among the candidates); 5.18 dropped it."""
     fn, extra = _speculative_sampling()
     return fn(candidate_input_ids, candidate_logits, candidate_length, new_logits, **extra)
 
