@@ -94,6 +94,17 @@ def gguf_tensor_progress(track):
         gguf_utils.tqdm = previous
 
 
+def gguf_dequantized():
+    """from_pretrained kwargs that load a GGUF file with every weight unpacked to a plain dense model. Relies on:
+    `GgufConfig(dequantize=True)` from 5.17 (which otherwise keeps the GGUF blocks); 5.0–5.16 have no GgufConfig,
+    always dequantize and refuse any quantization_config beside a gguf_file."""
+    import transformers
+
+    if not hasattr(transformers, "GgufConfig"):
+        return {}
+    return {"quantization_config": transformers.GgufConfig(dequantize=True)}
+
+
 def drop_quantization_config(config) -> None:
     """Forget that a config was loaded from a quantized (GGUF) file, so the dequantized model saves as a
     plain one. Relies on: the attribute living in `config.__dict__`."""
