@@ -46,8 +46,8 @@ bench: models-demo
 	$(BIN)/specdec bench --task synthetic
 
 # The fast tier against other transformers releases, each in its own venv under $(COMPAT_VENVS) (not .venv):
-# one summary line per version, e.g. `make compat TRANSFORMERS="5.0.0 5.24.0"` (see scripts/compat.sh).
-TRANSFORMERS ?= 5.0.0 5.24.0
+# one summary line per version, e.g. `make compat TRANSFORMERS="5.6.0 5.24.0"` (see scripts/compat.sh).
+TRANSFORMERS ?= 5.6.0 5.24.0
 COMPAT_VENVS ?= $(HOME)/.cache/specdec-compat
 compat:
 	COMPAT_VENVS=$(COMPAT_VENVS) PY=$(PY) scripts/compat.sh $(TRANSFORMERS)

@@ -2,7 +2,7 @@
 
 Each function here names what it relies on. A transformers or torch upgrade that moves one of them fails
 `check()` (run by tests/test_layout.py) with a line that names it, instead of failing deep inside a run.
-Tested with transformers 5.0–5.24 and torch 2.13 (`make compat`; pyproject.toml's range says which releases);
+Tested with transformers 5.6–5.24 (the fast tier from 5.0) and torch 2.13 (`make compat`; pyproject.toml's range says which releases);
 where an internal moved within that range, the function says what each release has.
 
 This module imports nothing of specdec, so every layer may use it; torch and transformers are imported
