@@ -67,9 +67,10 @@ compat:
 # so the root, with its bare kernels/ folder, stays off sys.path.
 GPU_OUT ?= out/gpu
 GPU_PY  ?= python3
+GPU_BUDGET ?= 540
 gpu:
 	rm -rf build/gpu && $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target build/gpu .
-	PYTHONPATH=$(CURDIR)/build/gpu $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT)
+	PYTHONPATH=$(CURDIR)/build/gpu $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT) --budget $(GPU_BUDGET)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
