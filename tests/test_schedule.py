@@ -22,6 +22,8 @@ from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.decoding.schedule import Auto, Constant, Heuristic, Round, make
 from specdec_cli.errors import SpecdecError
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 class Machine:
     """A simulated pair. Acceptance: the first draft token of a round with chance α, each later one with
@@ -342,9 +344,10 @@ def test_one_auto_schedule_spans_calls_and_reports_what_it_measured():
 
 
 @pytest.mark.slow
-def test_sampling_keeps_the_targets_distribution_when_gamma_depends_on_the_past(small_pair):
+def test_sampling_keeps_the_targets_distribution_when_gamma_depends_on_the_past(small_pair, verify_calls):
     """B = 1 so each run's γ follows its own accepted counts (Scripted); 4 000 runs, chi-square p > 1e-3 on the
-    first two tokens, which come from plain steps, accepted drafts, resampled and bonus tokens alike."""
+    first two tokens, which come from plain steps, accepted drafts, resampled and bonus tokens alike; every
+    verification replayed through the reference (the near-miss sampler missed with chance < 1 %)."""
     target, draft = small_pair
     prompt = torch.tensor([[1, 6, 2, 3]])
     params = SamplingParams(temperature=1.0, seed=0)
@@ -355,12 +358,13 @@ def test_sampling_keeps_the_targets_distribution_when_gamma_depends_on_the_past(
     plain = sum(got.stats.rounds_per_gamma[0] > 0 for got in runs)
     assert 400 < plain < 3600, "both branches of the schedule ran"
     assert first_two_pvalue(tokens, joint) > 1e-3
+    assert verify_calls.replay()["resampled"] > 400 and verify_calls.near_miss_escape() < 0.01
 
 
 @pytest.mark.slow
-def test_sampling_keeps_the_targets_distribution_under_auto(small_pair):
+def test_sampling_keeps_the_targets_distribution_under_auto(small_pair, verify_calls):
     """One Auto schedule across the batched runs of sample_many (its γ moves with the measured times);
-    chi-square p > 1e-3 as in test_decoding."""
+    chi-square p > 1e-3 and every verification replayed through the reference, as in test_decoding."""
     target, draft = small_pair
     prompt = torch.tensor([[1, 6, 2, 3]])
     params = SamplingParams(temperature=1.0, seed=5)
@@ -369,3 +373,4 @@ def test_sampling_keeps_the_targets_distribution_under_auto(small_pair):
                                max_new_tokens=3)
     assert rate is not None
     assert first_two_pvalue(tokens, joint) > 1e-3
+    assert verify_calls.replay()["resampled"] > 1000 and verify_calls.near_miss_escape() < 0.01
