@@ -13,6 +13,7 @@ how much of a row each program covers, so a small case (B = 2, γ = 1) runs each
 import pytest
 import torch
 
+from conftest import DEVICE
 from specdec_cli.kernels import exact
 from specdec_cli.kernels.compile import ARCHS, GRID
 from specdec_cli.kernels.reference import verify_reference, verify_sigmoid_reference
@@ -31,8 +32,8 @@ def gpu_plans(V: int) -> dict[tuple[int, int, int], list[str]]:
 def plan_case(V: int, seed: int):
     """B = 2, γ = 1, LM-like logits (scale 4: a few tokens carry each row's mass, wherever they fall in the
     vocabulary). Row 0's draft is the target itself, its token the target's favourite and its acceptance uniform
-    ≤ 0.01 (the token accepted, by a deterministic draft too: the bonus row is drawn); row 1's draft another distribution and its uniform ≥ 0.99 (mostly a rejection: the
-    residual is drawn).
+    ≤ 0.01 (the token accepted, by a deterministic draft too: the bonus row is drawn); row 1's draft another
+    distribution and its uniform ≥ 0.99 (mostly a rejection: the residual is drawn).
     -> (draft tokens [2, 1], draft probs [2, 1, V], target logits [2, 2, V], uniforms [2, 2], draft logits)."""
     g = torch.Generator().manual_seed(seed)
     target = 4.0 * torch.randn(2, 2, V, generator=g)  # [B, γ+1, V]
@@ -47,15 +48,17 @@ def plan_case(V: int, seed: int):
 
 
 def run_plan(mode, case, plan):
-    """(the plain-loop oracle's Verification, exact.launch's (out, n, error) under `plan`) for `mode`."""
+    """(the plain-loop oracle's Verification, exact.launch's (out, n, error) under `plan`, on the CPU) for `mode`.
+    The launch runs where conftest.DEVICE says: interpreted on a CPU, compiled on a GPU."""
     tokens, probs, target, u, draft_logits = case
+    on = [t.to(DEVICE) for t in case]
     if mode == "sigmoid":  # α = −2, β = 2: p̂, q̂ spread over (0, 1), so it rejects
         expected = verify_sigmoid_reference(tokens, draft_logits, target, u, 1.0, -2.0, 2.0)
-        return expected, exact.launch(tokens, draft_logits, target, u, 1.0, sigmoid=True, alpha=-2.0, beta=2.0,
-                                      plan=plan)
-    draft = None if mode == "one-hot" else probs
-    return verify_reference(tokens, draft, target, u), exact.launch(tokens, draft, target, u, 1.0, sigmoid=False,
-                                                                    plan=plan)
+        got = exact.launch(on[0], on[4], on[2], on[3], 1.0, sigmoid=True, alpha=-2.0, beta=2.0, plan=plan)
+    else:
+        expected = verify_reference(tokens, None if mode == "one-hot" else probs, target, u)
+        got = exact.launch(on[0], None if mode == "one-hot" else on[1], on[2], on[3], 1.0, sigmoid=False, plan=plan)
+    return expected, tuple(t.cpu() for t in got)
 
 
 def tiers():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_verify import assert_same, make_case
 
-from conftest import on_device
+from conftest import DEVICE, on_device
 from specdec_cli.bench import kernel_check
 from specdec_cli.errors import NonFiniteLogitsError
 from specdec_cli.kernels import sigmoid
@@ -84,7 +84,7 @@ def test_sigmoid_distance_reported_is_the_closed_form(alpha, beta):
     and (−2, 2), 0.054 and 0.376, move to 0.137 and 0.483 if the draft's probabilities were read as its logits."""
     n, V = 20_000, kernel_check.DIST_VOCAB
     report = kernel_check.run("sigmoid", vocab=64, gamma=1, batch=2, samples=n, alpha=alpha, beta=beta, cases=1,
-                              seed=0)
+                              seed=0, device=DEVICE)
     p, q = kernel_check._small_pair(0)
     P, acceptance = first_token_closed_form(p, q, alpha, beta)
     tv = 0.5 * float((P - p.double()).abs().sum())
