@@ -396,11 +396,13 @@ def _last_dim_contiguous(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0):
+def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0, plan=None):
     """Shared launcher of the exact and sigmoid kernels. `draft` is draft_probs, or the draft logits when
     sigmoid, or None for a deterministic draft (exact only: q one-hot at the draft tokens). Every input is read through its strides (a vocabulary slice is not copied; a last dim that is
     not contiguous is). Returns (out_tokens [B, γ+1], num_accepted [B], error [B] int32: 0, or the bits of
-    ERRORS), with no host synchronisation: a CUDA graph can hold it."""
+    ERRORS), with no host synchronisation: a CUDA graph can hold it. plan: (BLOCK, SPLITS, chunk) as _plan
+    gives them, in place of this device's; the tests run a GPU's plans under the interpreter with it
+    (tests/test_plans.py). The custom op never passes one."""
     # (1) check shapes
     B, gamma = draft_tokens.shape
     V = target_logits.shape[-1]
@@ -413,7 +415,8 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     uniforms = uniforms.float()
     device = target_logits.device
     interpreted = triton_backend_name() == "triton-interpreter"
-    block, splits, chunk = _plan(V, B * (gamma + 1), device, interpreted)
+    block, splits, chunk = plan or _plan(V, B * (gamma + 1), device, interpreted)
+    assert chunk % block == 0 and splits == triton.cdiv(V, chunk), "a plan covers V in SPLITS chunks of whole BLOCKs"
     meta = dict(SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
     inv_t = 1.0 / temperature
     # (2) allocate outputs

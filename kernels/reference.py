@@ -14,6 +14,13 @@ drawn from p at position γ. Either draw is by inverse CDF with u[b, γ]: the fi
 sum of the (unnormalised) weights reaches u · Σ weights, skipping zero weights.
 
 The emitted sequence is then distributed exactly as the target's (the proof: Chen et al., appendix).
+
+The sigmoid approximation (kernels/sigmoid.py, the paper's eq. 5) is the same loops with p̂, q̂ in place of p, q:
+
+    p̂(x) = σ((z_target(x)/T − α) / (β − α)),   q̂(x) = σ((z_draft(x)/T − α) / (β − α))      (no softmax)
+
+verify_sigmoid_reference is that oracle: written from the formula, independent of sigmoid.py's torch twin and of
+the Triton kernel, which are held against it decision for decision (tests/test_sigmoid.py).
 """
 
 import math
@@ -52,11 +59,21 @@ def draw_inverse_cdf(weights: list[float], u: float) -> int:
     return last_positive  # rounding left the threshold a hair above the total
 
 
-def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
-                     uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
-                     beta: float = 1e4) -> Verification:
-    """Shapes as in specdec_cli/decoding/verify.py; draft_probs None: one-hot at the draft tokens.
-    Returns out_tokens [B, γ+1] and num_accepted [B] (α, β: sigmoid's, not read here)."""
+def sigmoid_row(logits: list[float], temperature: float, alpha: float, beta: float) -> list[float]:
+    """p̂(x) = σ((z(x)/T − α)/(β − α)) of every token, not normalised; −inf logits (masked tokens) get 0."""
+    inv_t = 1.0 / temperature
+    if any(math.isnan(z) or z == math.inf for z in logits):
+        raise NonFiniteLogitsError("logits contain NaN or +inf")
+    out = []
+    for z in logits:
+        t = (z * inv_t - alpha) / (beta - alpha)
+        out.append(1.0 / (1.0 + math.exp(-t)) if t >= 0 else math.exp(t) / (1.0 + math.exp(t)))  # no overflow
+    return out
+
+
+def _rule(draft_tokens: torch.Tensor, uniforms: torch.Tensor, p_row, q_row) -> Verification:
+    """The loops of the rule (the module docstring), over the rows p_row(b, c) (target) and q_row(b, c, x)
+    (draft; x the draft token) as lists of floats."""
     B, gamma = draft_tokens.shape
     check_draft_tokens(draft_tokens, target_logits.shape[-1])
     out_tokens = torch.full((B, gamma + 1), PAD, dtype=torch.int64)
@@ -65,12 +82,12 @@ def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
         u = uniforms[b].tolist()
         emitted = []
         for c in range(gamma + 1):
-            p = softmax_row(target_logits[b, c].float().tolist(), temperature)
+            p = p_row(b, c)
             if c == gamma:  # every draft token accepted: bonus token from p
                 emitted.append(draw_inverse_cdf(p, u[gamma]))
                 break
             x = int(draft_tokens[b, c])
-            q = draft_probs[b, c].float().tolist() if draft_probs is not None else [float(i == x) for i in range(len(p))]
+            q = q_row(b, c, x)
             if q[x] > 0.0 and u[c] * q[x] <= p[x]:
                 emitted.append(x)
                 continue
@@ -80,6 +97,39 @@ def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
         num_accepted[b] = len(emitted) - 1
         out_tokens[b, : len(emitted)] = torch.tensor(emitted)
     return Verification(out_tokens, num_accepted)
+
+
+def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                     uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
+                     beta: float = 1e4) -> Verification:
+    """Shapes as in specdec_cli/decoding/verify.py; draft_probs None: one-hot at the draft tokens.
+    Returns out_tokens [B, γ+1] and num_accepted [B] (α, β: sigmoid's, not read here)."""
+    V = target_logits.shape[-1]
+
+    def p_row(b, c):
+        return softmax_row(target_logits[b, c].float().tolist(), temperature)
+
+    def q_row(b, c, x):
+        return draft_probs[b, c].float().tolist() if draft_probs is not None else [float(i == x) for i in range(V)]
+
+    return _rule(draft_tokens, uniforms, p_row, q_row)
+
+
+def verify_sigmoid_reference(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
+                             target_logits: torch.Tensor, uniforms: torch.Tensor, temperature: float = 1.0,
+                             alpha: float = -1e4, beta: float = 1e4) -> Verification:
+    """The sigmoid approximation's oracle: the rule's loops with p̂ = sigmoid_row(target logits) and
+    q̂ = sigmoid_row(draft logits) in place of p and q. draft_logits [B, γ, V]: the draft's raw logits."""
+    if draft_logits is None:
+        raise ValueError("sigmoid verification needs the draft's logits")
+
+    def p_row(b, c):
+        return sigmoid_row(target_logits[b, c].float().tolist(), temperature, alpha, beta)
+
+    def q_row(b, c, x):
+        return sigmoid_row(draft_logits[b, c].float().tolist(), temperature, alpha, beta)
+
+    return _rule(draft_tokens, uniforms, p_row, q_row)
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:

@@ -6,6 +6,7 @@ of real architectures (llama, qwen2, Whisper) saved or built here, so most tests
 
 import contextlib
 import copy
+import math
 import os
 from pathlib import Path
 
@@ -38,6 +39,15 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of tiny models (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`):
+    they are faster on one, and with two threads that wait on each other while other jobs hold a core of a
+    2-core machine, 500 B = 1 runs of small_pair took 76 s instead of 1.7 s (measured)."""
+    with torch_threads(1):
+        yield
 
 
 ROOT = Path(__file__).resolve().parent.parent  # the source tree
@@ -189,15 +199,114 @@ def first_two_pvalue(tokens, joint):
 N_SAMPLES, CHUNK = 12_000, 3_000  # rows per generate call (one batch, independent randomness per row)
 
 
-def sample_many(target, draft, prompt, params, **kw) -> list[list[int]]:
-    """N_SAMPLES independent runs of one prompt, CHUNK rows per batch, a different seed per batch."""
+def sample_many(target, draft, prompt, params, n=N_SAMPLES, results=None, **kw) -> list[list[int]]:
+    """n independent runs of one prompt (N_SAMPLES unless told), CHUNK rows per batch, a different seed per batch;
+    each batch's GenerationResult is appended to `results` when given."""
     tokens, accepted, drafted = [], 0, 0
-    for i in range(N_SAMPLES // CHUNK):
+    for i in range(n // CHUNK):
         chunk_params = SamplingParams(params.temperature, params.top_k, params.top_p, seed=params.seed + i)
         got = generate(target, draft, prompt.expand(CHUNK, -1), params=chunk_params, **kw)
         tokens += got.tokens
         accepted, drafted = accepted + got.stats.accepted_tokens, drafted + got.stats.draft_tokens
+        if results is not None:
+            results.append(got)
     return tokens, (accepted / drafted if drafted else None)
+
+
+class VerifyCalls:
+    """Every call the decoding loop makes to a verification kernel (decoding.verify.VERIFIERS, monkeypatched for
+    the test), with its inputs and its result, to hold against the plain-loop reference afterwards (replay): a
+    check of every decision of an end-to-end run, where a chi-square on its tokens sees only gross errors.
+
+    The first call of each generate() run has the same inputs whatever the kernel decides (nothing random was
+    drawn from its outcome yet), so the chance that a kernel with the near-miss residual max(0, p − NEAR·q) makes
+    every decision of those calls as the reference does is computable from them (near_miss_escape)."""
+
+    NEAR = 0.9
+
+    def __init__(self, monkeypatch):
+        import dataclasses
+
+        from specdec_cli.decoding import loop
+        from specdec_cli.decoding import verify as verify_module
+
+        self.calls: list[tuple[str, list, object, bool]] = []  # (mode, inputs, Verification, first of its run)
+        self._first = False
+        for name, v in list(verify_module.VERIFIERS.items()):
+            kernels = dict(torch_kernel=self._recording(name, v.torch_kernel))
+            if v.triton_kernel is not None:
+                kernels["triton_kernel"] = self._recording(name, v.triton_kernel)
+            monkeypatch.setitem(verify_module.VERIFIERS, name, dataclasses.replace(v, **kernels))
+        decode = loop._decode
+
+        def marked(*args, **kw):  # a generate() run starts: its first verification is a first call
+            self._first = True
+            return decode(*args, **kw)
+
+        monkeypatch.setattr(loop, "_decode", marked)
+
+    def _recording(self, mode, kernel):
+        def run(*args):
+            out = kernel(*args)
+            inputs = [a.detach().cpu().clone() if isinstance(a, torch.Tensor) else a for a in args]
+            self.calls.append((mode, inputs, out, self._first))
+            self._first = False
+            return out
+
+        return run
+
+    def replay(self) -> dict:
+        """Every recorded call through the oracle of its mode (kernels/reference.py): the same accepted counts and
+        tokens (baseline draws its resampled token with its own generator: its counts and accepted tokens only).
+        -> {"calls", "rows", "resampled": rows that drew from the residual}."""
+        from specdec_cli.kernels.reference import verify_reference, verify_sigmoid_reference
+
+        rows = resampled = 0
+        for i, (mode, inputs, got, _) in enumerate(self.calls):
+            oracle = verify_sigmoid_reference if mode == "sigmoid" else verify_reference
+            want = oracle(*inputs)
+            n, tokens = got.num_accepted.cpu(), got.out_tokens.cpu()
+            assert torch.equal(n, want.num_accepted), f"call {i} ({mode}): accepted counts differ from the reference"
+            gamma = inputs[0].shape[1]
+            if mode == "baseline":
+                drafted = torch.arange(gamma)[None, :] < n[:, None]
+                assert torch.equal(tokens[:, :gamma][drafted], want.out_tokens[:, :gamma][drafted]), f"call {i}"
+            else:
+                bad = (tokens != want.out_tokens).any(dim=1).nonzero()[:, 0].tolist()
+                assert not bad, f"call {i} ({mode}): rows {bad[:5]} differ from the reference"
+            rows += len(n)
+            resampled += int((n < gamma).sum())
+        return {"calls": len(self.calls), "rows": rows, "resampled": resampled}
+
+    def near_miss_escape(self) -> float:
+        """An upper bound on the chance that a kernel drawing from max(0, p − NEAR·q) instead of max(0, p − q)
+        makes every decision of the first calls as the reference: their rows that reject draw, with the same u,
+        a token by inverse CDF from the right and the wrong residual, and two draws coupled so differ with chance
+        at least the TV between the two residuals. -> Π over those rows of (1 − TV)."""
+        from specdec_cli.kernels.reference import softmax_row
+
+        log_escape = 0.0
+        for mode, inputs, got, first in self.calls:
+            if not first or mode not in ("exact", "reference"):
+                continue
+            tokens, q_all, logits, _, temperature, *_ = inputs
+            for b, n in enumerate(got.num_accepted.tolist()):
+                if n == tokens.shape[1]:
+                    continue  # every draft accepted: a bonus token, drawn from p either way
+                p = torch.tensor(softmax_row(logits[b, n].double().tolist(), temperature), dtype=torch.float64)
+                q = (torch.nn.functional.one_hot(tokens[b, n], len(p)) if q_all is None else q_all[b, n]).double()
+                right, wrong = (p - q).clamp(min=0), (p - self.NEAR * q).clamp(min=0)
+                if right.sum() == 0:
+                    continue
+                tv = 0.5 * float((right / right.sum() - wrong / wrong.sum()).abs().sum())
+                log_escape += math.log1p(-tv) if tv < 1 else -math.inf
+        return math.exp(log_escape)
+
+
+@pytest.fixture
+def verify_calls(monkeypatch):
+    """The verification kernels' calls of this test, recorded (VerifyCalls): call .replay() after the run."""
+    return VerifyCalls(monkeypatch)
 
 
 def sample_one_by_one(target, draft, prompt, runs: int, **kw) -> list:

@@ -3,7 +3,6 @@ task framework (aggregation, Leviathan's prediction, outputs) on a fake task run
 transcribe tasks end to end on tiny random models saved locally (arithmetic, ROUGE/WER wiring, files)."""
 
 import csv
-import importlib.util
 import json
 import math
 import os
@@ -14,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import torch_threads
+from conftest import ROOT, torch_threads
 from specdec_cli import options
 from specdec_cli.bench import config, contenders, harness, machine, runners, synthetic
 from specdec_cli.bench.results import BenchResults
@@ -622,11 +621,26 @@ def test_aggregate_end_to_end_and_peers():
             fw.same_as_autoregressive) == (1.0, 0.5, 0.5, 0.5)
 
 
-@pytest.mark.skipif(not importlib.util.find_spec("faster_whisper") or not _has_embedded_base()
-                    or not os.path.isfile(EXAMPLE_WAV), reason="needs faster-whisper and the embedded Whisper base")
+def test_the_test_extra_installs_every_peer():
+    """faster-whisper is in the test extra, at the peers extra's pin, so `make test` runs the peer below instead of
+    its "not installed" path only; installed here at that version (the test extra was installed)."""
+    import importlib.metadata
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    extras = {name: re.findall(r'"([^"]+)"', body) for name, body in re.findall(r"^(\w+) = \[(.*)\]", text, re.M)}
+    assert set(extras["peers"]) <= set(extras["test"]), (extras["peers"], extras["test"])
+    for requirement in extras["peers"]:
+        name, version = requirement.split("==")
+        assert importlib.metadata.version(name) == version, f"pip install -e '.[test]': {requirement}"
+
+
+@pytest.mark.skipif(not _has_embedded_base() or not os.path.isfile(EXAMPLE_WAV),
+                    reason="needs the embedded Whisper base (make models-test)")
 def test_faster_whisper_peer_records(monkeypatch, tmp_path):
     """faster-whisper on the embedded base's CTranslate2 files (joined once into the cache): one record per
-    compute type, on the clip given, its WER against the reference, at the thread count given."""
+    compute type, on the clip given, its WER against the reference, at the thread count given. faster-whisper
+    comes with the test extra: missing, this fails (test_the_test_extra_installs_every_peer says why)."""
     from specdec_cli.bench import metrics, peers
     from specdec_cli.models import cache, whisper_convert
     from specdec_cli.tasks.audio import load_audio, reference_for

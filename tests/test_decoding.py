@@ -14,6 +14,7 @@ import torch
 
 from conftest import (
     GREEDY,
+    N_SAMPLES,
     PROMPT,
     PROMPTS,
     ROOT,
@@ -209,31 +210,73 @@ def test_zero_new_tokens():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "mode, params",
+    "mode, params, gamma, n",
     [
-        ("autoregressive", SamplingParams(temperature=1.0, seed=11)),
-        ("exact", SamplingParams(temperature=1.0, seed=12)),
-        ("baseline", SamplingParams(temperature=1.0, seed=13)),
-        ("exact", SamplingParams(temperature=0.7, top_k=5, top_p=0.95, seed=14)),
+        ("autoregressive", SamplingParams(temperature=1.0, seed=11), 3, N_SAMPLES),
+        ("exact", SamplingParams(temperature=1.0, seed=12), 3, 102_000),
+        ("exact", SamplingParams(temperature=1.0, seed=15), 1, N_SAMPLES),
+        ("baseline", SamplingParams(temperature=1.0, seed=13), 3, N_SAMPLES),
+        ("exact", SamplingParams(temperature=0.7, top_k=5, top_p=0.95, seed=14), 3, N_SAMPLES),
     ],
 )
-def test_sampling_matches_the_targets_distribution(small_pair, mode, params):
-    """N_SAMPLES runs of one prompt: the joint of the first two tokens must fit the exact joint,
-    chi-square p > 1e-3 (γ = 3, 3 new tokens: the pair comes from accepted drafts, resampled tokens
-    and bonus tokens alike)."""
+def test_sampling_matches_the_targets_distribution(small_pair, verify_calls, mode, params, gamma, n):
+    """n runs of one prompt in batches of 3 000 (3 new tokens): the joint of the first two tokens must fit the
+    exact joint, chi-square p > 1e-3, and every verification of the run makes the reference's decisions on the
+    inputs the loop handed it (VerifyCalls.replay). γ = 3: the pair comes from accepted drafts and resampled
+    tokens (the first round asks for 2: its bonus token is the third); γ = 1: a row whose first draft token is
+    accepted has a bonus token second, in the batch.
+
+    Power against the near-miss sampler (residual max(0, p − 0.9·q), joint TV 0.013 on these two tokens): the
+    replay misses it with the chance near_miss_escape computes from the run's first calls, asserted < 1 %
+    (exact: below 1e-30 at 12 000 draws); the chi-square alone has noncentrality ≈ 15 at 12 000 draws (power 5 %) and
+    ≈ 130 at 102 000 (63 degrees of freedom: power 0.9999; the mutant's joint measured over 800 000 draws),
+    hence 102 000 for exact at T = 1, γ = 3. Baseline draws its resampled tokens with its own generator: the
+    replay holds its counts and accepted tokens, the chi-square the rest."""
     target, draft = small_pair
     prompt = torch.tensor([[1, 6, 2, 3]])
     joint = exact_first_two(target, prompt, params)
-    tokens, rate = sample_many(target, draft, prompt, params, mode=mode, gamma=3, max_new_tokens=3)
+    results = []
+    tokens, rate = sample_many(target, draft, prompt, params, n=n, results=results, mode=mode, gamma=gamma,
+                               max_new_tokens=3, gamma_schedule="constant")
     assert all(len(t) == 3 for t in tokens)
-    if mode != "autoregressive":
-        assert 0.2 < rate < 0.95  # rejections and resampling really happen
     assert first_two_pvalue(tokens, joint) > 1e-3
+    if mode == "autoregressive":
+        return
+    assert 0.2 < rate < 0.95  # rejections and resampling really happen
+    replayed = verify_calls.replay()
+    assert replayed["rows"] >= n and replayed["resampled"] > n / 10, replayed
+    if mode == "exact":
+        assert verify_calls.near_miss_escape() < 0.01
+    if gamma == 1:  # the first round verifies 1 draft token: accepted, the second token is its bonus token
+        bonus = sum(got.stats.accepted_histogram[1] for got in results)
+        assert bonus > n / 4, f"{bonus} of {n} rows drew a bonus token second"
+
+
+def near_miss(draft_tokens, draft_probs, target_logits, uniforms, temperature=1.0, alpha=-1e4, beta=1e4):
+    """The rule of kernels/reference.py but for its residual, max(0, p − 0.9·q): the same acceptance, the
+    resampled tokens a little off (joint TV 0.013 on small_pair's first two tokens). A sampler tests must reject."""
+    from specdec_cli.kernels import Verification
+    from specdec_cli.kernels.draw import assemble, draw_from_weights, first_rejection
+
+    B, gamma = draft_tokens.shape
+    p = (target_logits.double() / temperature).softmax(-1)  # [B, γ+1, V]
+    q = draft_probs.double()  # [B, γ, V]
+    x = draft_tokens[..., None]
+    q_x, p_x = q.gather(-1, x)[..., 0], p[:, :gamma].gather(-1, x)[..., 0]  # [B, γ]
+    n = first_rejection((q_x > 0) & (uniforms[:, :gamma].double() * q_x <= p_x))  # [B]
+    weights = torch.cat([(p[:, :gamma] - 0.9 * q).clamp(min=0), p[:, gamma:]], dim=1)[torch.arange(B), n]  # [B, V]
+    return Verification(assemble(draft_tokens, n, draw_from_weights(weights.float(), uniforms[:, gamma])), n)
 
 
 @pytest.mark.slow
-def test_distribution_test_has_power(small_pair):
-    """The same test rejects the draft's own distribution and sigmoid's lossy one."""
+def test_distribution_test_has_power(small_pair, monkeypatch):
+    """The same test rejects the draft's own distribution and sigmoid's lossy one (chi-square), and the
+    near-miss sampler: its tokens pass the chi-square at 12 000 draws, its decisions fail the replay."""
+    import dataclasses
+
+    from conftest import VerifyCalls
+    from specdec_cli.decoding.verify import VERIFIERS
+
     target, draft = small_pair
     prompt = torch.tensor([[1, 6, 2, 3]])
     params = SamplingParams(temperature=1.0, seed=21)
@@ -243,6 +286,12 @@ def test_distribution_test_has_power(small_pair):
     sig, rate = sample_many(target, draft, prompt, params, mode="sigmoid", gamma=3, max_new_tokens=3)
     assert rate > 0.95  # α = −1e4, β = 1e4: almost everything is accepted
     assert first_two_pvalue(sig, joint) < 1e-6
+    monkeypatch.setitem(VERIFIERS, "exact", dataclasses.replace(VERIFIERS["exact"], torch_kernel=near_miss))
+    calls = VerifyCalls(monkeypatch)
+    near, _ = sample_many(target, draft, prompt, params, mode="exact", gamma=3, max_new_tokens=3)
+    assert first_two_pvalue(near, joint) > 1e-3, "seed 21: the chi-square misses it (power 5 %)"
+    with pytest.raises(AssertionError, match="differ from the reference"):
+        calls.replay()
 
 
 def test_sigmoid_runs_end_to_end_and_reports(pair):
@@ -410,8 +459,9 @@ def test_greedy_output_unchanged_when_the_draft_stops_early(pair):
 
 
 @pytest.mark.slow
-def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(small_pair):
-    """B = 1, so the stopping rule decides per sequence; 3 000 runs, chi-square p > 1e-3 as above."""
+def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(small_pair, verify_calls):
+    """B = 1, so the stopping rule decides per sequence; 3 000 runs, chi-square p > 1e-3 as above, and every
+    verification replayed through the reference (the near-miss sampler missed with chance < 1 %)."""
     target, draft = small_pair
     prompt = torch.tensor([[1, 6, 2, 3]])
     params = SamplingParams(temperature=1.0, seed=41)
@@ -422,6 +472,7 @@ def test_sampling_keeps_the_targets_distribution_when_the_draft_stops_early(smal
     stopped = sum(got.stats.gamma_history[0] < 2 for got in runs)  # the first round may draft 2 (3 new tokens at most)
     assert stopped > 300, "the rule really ends rounds early"
     assert first_two_pvalue(tokens, joint) > 1e-3
+    assert verify_calls.replay()["resampled"] > 300 and verify_calls.near_miss_escape() < 0.01
 
 
 @pytest.mark.slow

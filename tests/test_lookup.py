@@ -9,6 +9,8 @@ from conftest import GREEDY, autoregressive, exact_first_two, first_two_pvalue, 
 from specdec_cli.decoding import SamplingParams, as_draft, generate
 from specdec_cli.drafts.lookup import Lookup, LookupThen, continuation
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.mark.parametrize("context, longest, k, want", [
     ([1, 2, 3, 4, 1, 2], 2, 5, [3, 4, 1, 2]),  # up to k, running into the tail itself
@@ -96,15 +98,17 @@ def small():
 @pytest.mark.parametrize("mode, params", [("exact", SamplingParams(temperature=1.0, seed=31)),
                                           ("baseline", SamplingParams(temperature=1.0, seed=32)),
                                           ("exact", SamplingParams(temperature=0.7, top_k=5, top_p=0.95, seed=33))])
-def test_sampling_with_lookup_keeps_the_targets_distribution(small, mode, params):
+def test_sampling_with_lookup_keeps_the_targets_distribution(small, verify_calls, mode, params):
     """12 000 runs of a prompt whose last 2-gram occurred before (lookup proposes 2, 3, 1 in the first round):
-    the joint of the first two tokens must fit the exact joint, chi-square p > 1e-3."""
+    the joint of the first two tokens must fit the exact joint, chi-square p > 1e-3, and every verification of
+    the one-hot path makes the reference's decisions on the inputs the loop handed it (VerifyCalls.replay)."""
     prompt = torch.tensor([[1, 6, 2, 3, 1, 6]])
     joint = exact_first_two(small, prompt, params)
     tokens, rate = sample_many(small, Lookup(), prompt, params, mode=mode, gamma=3, max_new_tokens=3,
                                gamma_schedule="constant")
     assert rate is not None and 0.02 < rate < 0.98  # acceptance and rejection both happen
     assert first_two_pvalue(tokens, joint) > 1e-3
+    assert verify_calls.replay()["resampled"] > 1000
 
 
 def test_sigmoid_refuses_lookup(pair):

@@ -19,6 +19,8 @@ from specdec_cli.decoding import generate
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.drafts.subset_head import SubsetHead, frequent_ids, restrict_head
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def test_subset_head_scores_only_its_tokens():
     torch.manual_seed(0)
@@ -57,9 +59,10 @@ def test_greedy_output_unchanged_with_a_subset_draft(mode):
 
 
 @pytest.mark.slow
-def test_sampling_keeps_the_targets_distribution_when_the_draft_misses_tokens():
+def test_sampling_keeps_the_targets_distribution_when_the_draft_misses_tokens(verify_calls):
     # the draft can only propose tokens 0..3 of 8: q = 0 elsewhere; the residual must restore p there.
-    # chi-square on the joint of the first two tokens, p > 1e-3 (as in test_decoding).
+    # chi-square on the joint of the first two tokens, p > 1e-3, and every verification replayed (as in
+    # test_decoding).
     target, draft = make_pair("llama", seed=5, vocab=8, hidden=16, layers=3, keep=1, damp=0.6)
     draft = restrict_head(copy.deepcopy(draft), frequent_ids(4, 8))
     prompt = torch.tensor([[1, 6, 2, 3]])
@@ -68,3 +71,4 @@ def test_sampling_keeps_the_targets_distribution_when_the_draft_misses_tokens():
     tokens, _ = sample_many(target, draft, prompt, params, mode="exact", gamma=3, max_new_tokens=3)
     assert any(t[0] >= 4 for t in tokens), "tokens the draft cannot propose still come out"
     assert first_two_pvalue(tokens, joint) > 1e-3
+    assert verify_calls.replay()["resampled"] > 1000  # (q = 0 on half the tokens: a 0.9·q residual barely moves)

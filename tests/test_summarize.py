@@ -1,6 +1,7 @@
 """`specdec summarize` through the CLI, on a tiny random model saved locally (the path users take with
 their own models): greedy speculative output equals the target alone, JSON fields, one-line errors."""
 
+import dataclasses
 import json
 
 import pytest
@@ -8,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from conftest import GREEDY, tiny_config, word_tokenizer
+from conftest import GREEDY, WORDS, tiny_config, word_tokenizer
 from specdec_cli.cli import app
-from specdec_cli.decoding import Proposal
+from specdec_cli.decoding import Proposal, SamplingParams
 from specdec_cli.drafts.lookup import Lookup
 
 runner = CliRunner()
@@ -58,6 +59,89 @@ def test_sampling_modes_run_and_report_acceptance(model_dir, article):
         r = summarize(article, *common(model_dir), "--mode", mode, "--temperature", "1", "--top-p", "0.9", "--json")
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["stats"]["acceptance_rate"] is not None
+
+
+def summary_of(model_dir, article, *options, new_tokens=20):
+    """The text `specdec summarize` prints for `article` in exact mode with a constant γ (auto's γ follows measured
+    times, so sampled tokens would vary run to run: constant makes them a function of --seed)."""
+    args = common(model_dir)
+    args[args.index("--max-new-tokens") + 1] = new_tokens
+    r = summarize(article, *args, "--mode", "exact", "--gamma-schedule", "constant", "--json", *options)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)["text"]
+
+
+SAMPLING = ("--temperature", "0.8", "--top-k", "50", "--top-p", "0.9")
+
+
+def test_sampling_options_reach_the_decoder(model_dir, article):
+    """--temperature, --top-k, --top-p, --seed from the command line to the decoder: the same seed gives the same
+    summary, another seed another, and both differ from greedy (20 sampled tokens each: equal only if every one
+    coincides). Each option's value is seen too, as a limit that makes sampling greedy again: --top-k 1, a --top-p
+    of 1e-6 (only the most likely token is left) and --temperature 1e-3 (z/T: the most likely token takes all the
+    mass unless two logits tie within ~0.01) each give the greedy summary where T = 1, seed 1 alone does not."""
+    greedy = summary_of(model_dir, article)
+    one = summary_of(model_dir, article, *SAMPLING, "--seed", "1")
+    assert one == summary_of(model_dir, article, *SAMPLING, "--seed", "1"), "the same seed, the same summary"
+    assert one != summary_of(model_dir, article, *SAMPLING, "--seed", "2"), "another seed, another summary"
+    assert greedy not in (one, summary_of(model_dir, article, "--temperature", "1", "--seed", "1"))
+    for limit in (("--top-k", "1"), ("--top-p", "0.000001")):
+        assert summary_of(model_dir, article, "--temperature", "1", "--seed", "1", *limit) == greedy, limit
+    assert summary_of(model_dir, article, "--temperature", "0.001", "--seed", "1") == greedy
+
+
+PROCESSED = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)  # each binds: see the test below
+
+
+@pytest.mark.slow
+def test_first_sampled_token_follows_the_processed_target_distribution(model_dir, article):
+    """N = 2 000 copies of the article summarized in one batch from the command line (--temperature 0.7 --top-k 20
+    --top-p 0.8, 2 new tokens, γ = 1: the first token is a verified draft token or a resampled one): its
+    frequencies against the target's distribution at the prompt processed as PROCESSED says (T, then the 20 most
+    likely, then the nucleus of 0.8 of those: 9 tokens), chi-square p > 1e-3, and no token outside it.
+    With any option lost on its way, what the CLI would sample instead (T = 1; no top-k; no top-p; greedy) puts
+    mass m outside those 9 tokens or moves their frequencies: the test passes it with chance at most
+    min((1 − m)^N, the noncentral chi-square's), computed here for each and asserted < 1 %."""
+    from scipy.stats import chi2, ncx2
+
+    from specdec_cli.bench.metrics import chi_square_p
+    from specdec_cli.decoding.sampling import probs_from_logits, process_logits
+    from specdec_cli.models import load_causal_lm
+    from specdec_cli.tasks.summarize import encode, read_article
+
+    n = 2000
+    args = common(model_dir)
+    args[args.index("--max-new-tokens") + 1] = 2
+    r = summarize(*[article] * n, *args, "--mode", "exact", "--gamma-schedule", "constant", "--gamma", "1",
+                  "--temperature", "0.7", "--top-k", "20", "--top-p", "0.8", "--seed", "3", "--batch-size", n, "--json")
+    assert r.exit_code == 0, r.output
+    objects = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(objects) == n and objects[0]["stats"]["accepted_histogram"][1] > 0  # drafts accepted, and not all
+    word = {w: i for i, w in enumerate(WORDS)}
+    first = torch.tensor([word[o["text"].split()[0]] for o in objects])  # tokens 0, 1 (unk, eos): outside
+
+    target = load_causal_lm(str(model_dir), dtype=torch.float32, device="cpu", progress=False)
+    ids = encode(target.tokenizer, target.model, [read_article(str(article))], 2, False)[0]
+    with torch.inference_mode():
+        z = target.model(torch.tensor([ids])).logits[0, -1].double()  # [V]
+
+    def sampled_by(params):
+        return probs_from_logits(process_logits(z, params)).double() if not params.greedy else \
+            torch.nn.functional.one_hot(z.argmax(), len(z)).double()
+
+    p = sampled_by(PROCESSED)
+    support = p > 0
+    assert int(support.sum()) == 9 and not support[:2].any()
+    counts = torch.bincount(first, minlength=len(p)).double()
+    assert counts[~support].sum() == 0, f"tokens outside the processed distribution: {counts[~support].nonzero()}"
+    assert chi_square_p(counts[support], p[support] * n) > 1e-3
+    crit, df = chi2.isf(1e-3, int(support.sum()) - 1), int(support.sum()) - 1
+    for lost in (dict(temperature=1.0), dict(top_k=0), dict(top_p=1.0), dict(temperature=0.0)):
+        alt = sampled_by(dataclasses.replace(PROCESSED, **lost))
+        outside = float(alt[~support].sum())
+        inside = alt[support] / alt[support].sum()
+        lam = float(n * ((inside - p[support]) ** 2 / p[support]).sum())
+        assert min((1 - outside) ** n, ncx2.cdf(crit, df, lam)) < 0.01, (lost, outside, lam)
 
 
 def test_batch_of_articles_and_stdin(model_dir, article, tmp_path):

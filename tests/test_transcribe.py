@@ -350,6 +350,30 @@ def test_cli_json_and_text(tiny_dir, speech_wav, tmp_path):
     assert "transcribe --mode exact" in r.stderr and "mode exact, backend" in r.stderr  # the stats table
 
 
+def transcript_of(tiny_dir, wav, *options):
+    """The text `specdec transcribe` prints for `wav` (8 new tokens) in exact mode with a constant γ, so that
+    sampled tokens are a function of --seed (auto's γ follows measured times)."""
+    r = transcribe_cli(wav, *tiny_args(tiny_dir), "--mode", "exact", "--gamma-schedule", "constant", "--json", *options)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)["text"]
+
+
+def test_sampling_options_reach_the_decoder(tiny_dir, speech_wav):
+    """--temperature, --top-k, --top-p, --seed from the command line to the decoder: the same seed gives the same
+    transcript, another seed another, and both differ from greedy. Each option's value is seen too, as a limit that
+    makes sampling greedy again: --top-k 1, a --top-p of 1e-6 and --temperature 1e-3 each give the greedy
+    transcript where T = 1, seed 1 alone does not (as for summarize)."""
+    sampling = ("--temperature", "1", "--top-k", "100", "--top-p", "0.95")
+    greedy = transcript_of(tiny_dir, speech_wav)
+    one = transcript_of(tiny_dir, speech_wav, *sampling, "--seed", "1")
+    assert one == transcript_of(tiny_dir, speech_wav, *sampling, "--seed", "1"), "the same seed, the same transcript"
+    assert one != transcript_of(tiny_dir, speech_wav, *sampling, "--seed", "2"), "another seed, another transcript"
+    assert greedy not in (one, transcript_of(tiny_dir, speech_wav, "--temperature", "1", "--seed", "1"))
+    for limit in (("--top-k", "1"), ("--top-p", "0.000001"), ("--temperature", "0.001")):
+        options = ("--temperature", "1", "--seed", "1", *limit)
+        assert transcript_of(tiny_dir, speech_wav, *options) == greedy, limit
+
+
 def bad_audio(tmp_path):
     (tmp_path / "empty.wav").write_bytes(b"")
     (tmp_path / "text.wav").write_text("this is not audio at all\n" * 20)

@@ -171,6 +171,45 @@ def test_exact_triton_reproduces_target_distribution(pair):
         assert chi_square_p(freq[support] * n, p[support] * n) > 1e-4
 
 
+# the bonus row's p of each class of rows (V = 6): each its own favourite token; the draft rows before it favour
+# token 5, which no bonus row does, so a bonus drawn from a draft row or from another sequence's row shows
+BONUS_P = [[0.5 if x == k else 0.1 for x in range(6)] for k in range(4)]
+DRAFT_P = [0.05, 0.05, 0.05, 0.05, 0.05, 0.75]
+
+
+def bonus_case(n, gamma, seed):
+    """n sequences of each class, interleaved (sequence b of class b % 4), every draft token accepted: q = p at
+    the draft rows and their uniforms ≤ 0.99 (u·q(x) ≤ p(x) whatever rounds p). -> the contract's inputs."""
+    g = torch.Generator().manual_seed(seed)
+    B = 4 * n
+    p = torch.tensor(DRAFT_P).expand(B, gamma, -1)  # [B, γ, V]
+    bonus = torch.tensor(BONUS_P).repeat(n, 1)[:, None]  # [B, 1, V]: row b has class b % 4
+    target = torch.log(torch.cat([p, bonus], dim=1)).contiguous()  # [B, γ+1, V]
+    tokens = torch.multinomial(torch.tensor(DRAFT_P), B * gamma, replacement=True, generator=g).reshape(B, gamma)
+    u = 1 - torch.rand(B, gamma + 1, generator=g)
+    u[:, :gamma] *= 0.99
+    return tokens, p.contiguous(), target, u
+
+
+@pytest.mark.parametrize("impl, n", [("reference", 1000), ("torch", 2000), pytest.param(
+    "triton", 100 if DEVICE == "cpu" else 20_000, marks=pytest.mark.slow if DEVICE == "cpu" else ())])
+def test_bonus_token_is_drawn_from_its_own_row(impl, n):
+    """Every draft accepted, so every sequence emits a bonus token from its own row γ; the 4 classes of rows
+    have different bonus distributions (BONUS_P), measured class by class: n draws each (the interpreter pays
+    ~20 ms a sequence: 100 there, slow), chi-square p > 1e-4 per class (5 degrees of freedom: χ² < 25.7). A
+    bonus drawn from another class's row has noncentrality 1.92·n, from a draft row 4.73·n: at n = 100 each
+    passes with chance < 1e-18 (scipy.stats.ncx2)."""
+    fn = {"reference": verify_reference, **EXACT}[impl]
+    gamma = 2
+    out, k, *_ = fn(*bonus_case(n, gamma, seed=8))
+    assert (k == gamma).all(), "every draft token is accepted"
+    bonus = out[:, gamma].view(n, 4)  # [n, class]
+    for cls in range(4):
+        counts = torch.bincount(bonus[:, cls], minlength=6).double()
+        p = torch.tensor(BONUS_P[cls], dtype=torch.float64)
+        assert chi_square_p(counts, p * n) > 1e-4, f"class {cls}: bonus tokens {counts.tolist()} against {p.tolist()}"
+
+
 def test_baseline_reproduces_target_distribution():
     p, q = PAIRS["random"]
     n = 200_000
