@@ -32,24 +32,24 @@ def plans(arch: str, mode: str) -> list[dict]:
     """Every (kernel, dtype, constexprs) the launcher can choose on `arch` for the GRID, without repeats."""
     import triton
 
-    from specdec_cli.kernels.exact import _plan
+    from specdec_cli.kernels.exact import _plan, _warps
 
     sms = ARCHS[arch][1]
     shapes = set()
     for V in GRID["V"]:
         for B in GRID["B"]:
             for gamma in GRID["gamma"]:
-                block, splits, _ = _plan(V, B * (gamma + 1), None, False, sms=sms)
+                block, splits, _ = _plan(V, B, None, False, sms=sms)
                 shapes.add((triton.next_power_of_2(gamma + 1), triton.next_power_of_2(splits), block))
     out = []
     for dtype in DTYPES:
         if mode == "exact":
-            out += [{"kernel": "_row_stats_kernel", "dtype": dtype, "constexprs": {"BLOCK": b}}
+            out += [{"kernel": "_row_stats_kernel", "dtype": dtype, "constexprs": {"BLOCK": b}, "num_warps": 4}
                     for b in sorted({b for _, _, b in shapes})]
         for kernel in ("_accept_weights_kernel", "_draw_kernel"):
             out += [{"kernel": kernel, "dtype": dtype,
                      "constexprs": {"GAMMA_P2": g, "SPLITS_P2": s, "BLOCK": b, "SIGMOID": mode == "sigmoid",
-                                    "ONE_HOT": one_hot}}
+                                    "ONE_HOT": one_hot}, "num_warps": _warps(g, s)}
                     for one_hot in ((False, True) if mode == "exact" else (False,)) for g, s, b in sorted(shapes)]
     return out
 
@@ -96,7 +96,8 @@ def compile_one(job: tuple[str, dict]) -> dict:
         with contextlib.redirect_stdout(log):  # ptxas -v, printed by Triton with TRITON_DUMP_PTXAS_LOG=1
             src = ASTSource(fn=fn, signature=signature(plan["kernel"], plan["dtype"], sigmoid, one_hot),
                             constexprs=plan["constexprs"])
-            compiled = triton.compile(src, target=GPUTarget("cuda", ARCHS[arch][0], 32))
+            compiled = triton.compile(src, target=GPUTarget("cuda", ARCHS[arch][0], 32),
+                                      options={"num_warps": plan["num_warps"]})
         text = log.getvalue()
         regs = re.findall(r"Used (\d+) registers", text)
         spill_st = re.findall(r"(\d+) bytes spill stores", text)

@@ -376,20 +376,33 @@ ERR_ALL_MASKED: tl.constexpr = tl.constexpr(2)
 ERR_BAD_TOKEN: tl.constexpr = tl.constexpr(4)
 
 
-def _plan(V: int, rows: int, device: torch.device | None, interpreted: bool, sms: int | None = None):
+def _plan(V: int, batch: int, device: torch.device | None, interpreted: bool, sms: int | None = None):
     """BLOCK, SPLITS and the chunk of the vocabulary each split covers (a multiple of BLOCK). sms: the
     streaming multiprocessors to fill (default: the device's), so that a plan can be made for a GPU this
-    machine does not have (compile.py)."""
+    machine does not have (compile.py).
+    SPLITS is sized by the B rows that stages 2 and 3 read (one per sequence), never below MIN_SPLITS: a stage-3
+    program scans its chunk tile after dependent tile, so the chunk must stay short whatever B. (Sized by stage 1's
+    B·(γ+1) rows, B = 64 at V = 151 936 got 2 splits: 64 programs of 75 dependent tiles; on an H100 the step took
+    256 µs in a CUDA graph against a 39 µs floor.)"""
     block = 4096 if interpreted else 1024  # the interpreter pays per tile, a GPU per register
     tiles = triton.cdiv(V, block)
     if interpreted:
         splits = min(tiles, 4)
-    else:  # enough programs to cover every SM about four times over
+    else:  # enough programs to cover every SM about four times over, and short chunks
         sms = sms or torch.cuda.get_device_properties(device).multi_processor_count
-        splits = max(1, min(tiles, triton.cdiv(4 * sms, rows), 64))
+        splits = max(1, min(tiles, max(triton.cdiv(4 * sms, batch), MIN_SPLITS), 64))
     chunk = triton.cdiv(tiles, splits) * block
     splits = triton.cdiv(V, chunk)
     return block, splits, chunk
+
+
+MIN_SPLITS = 16
+
+
+def _warps(gamma_p2: int, splits_p2: int) -> int:
+    """Warps of a stage-2 or stage-3 program: its [GAMMA_P2, SPLITS_P2] tiles of split statistics spread at most
+    4 elements a thread (8 spilled on sm_80 at 32 × 32 with 4 warps)."""
+    return max(4, min(16, gamma_p2 * splits_p2 // 128))
 
 
 def _last_dim_contiguous(t):
@@ -415,7 +428,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     uniforms = uniforms.float()
     device = target_logits.device
     interpreted = triton_backend_name() == "triton-interpreter"
-    block, splits, chunk = plan or _plan(V, B * (gamma + 1), device, interpreted)
+    block, splits, chunk = plan or _plan(V, B, device, interpreted)
     assert chunk % block == 0 and splits == triton.cdiv(V, chunk), "a plan covers V in SPLITS chunks of whole BLOCKs"
     meta = dict(SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
     inv_t = 1.0 / temperature
@@ -438,7 +451,9 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
             target_logits, row_max, row_sum, row_bad, gamma, V, chunk, splits, *target_logits.stride()[:2], inv_t,
             BLOCK=block,
         )
-    shared = dict(GAMMA_P2=triton.next_power_of_2(gamma + 1), SIGMOID=sigmoid, ONE_HOT=one_hot, **meta)
+    gamma_p2 = triton.next_power_of_2(gamma + 1)
+    shared = dict(GAMMA_P2=gamma_p2, SIGMOID=sigmoid, ONE_HOT=one_hot, num_warps=_warps(gamma_p2, meta["SPLITS_P2"]),
+                  **meta)
     _accept_weights_kernel[(B, splits)](
         draft_tokens, draft, target_logits, uniforms, row_max, row_sum, n, lse_n, wsum, psum, draw_bad,
         gamma, V, chunk, splits, *strides, inv_t, alpha, beta, **shared,
@@ -466,9 +481,17 @@ def _(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha,
     return new((B, gamma + 1)), new((B,)), new((B,), dtype=torch.int32)
 
 
+def run_kernels(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha, beta):
+    """The three launches: through the custom op while torch.compile traces (it needs the op's fake shapes), a plain
+    launch otherwise (the op's Python dispatch costs host time every step; a CUDA graph holds either)."""
+    if torch.compiler.is_compiling():
+        return verify_triton_op(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha, beta)
+    return launch(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid=sigmoid, alpha=alpha, beta=beta)
+
+
 def verify_exact_triton(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
                         uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
                         beta: float = 1e4) -> Verification:
     """The Triton kernels; the error flags come back unread (Verification.checked or .accepted reads them)."""
-    out, n, error = verify_triton_op(draft_tokens, draft_probs, target_logits, uniforms, temperature, False, 0.0, 1.0)
+    out, n, error = run_kernels(draft_tokens, draft_probs, target_logits, uniforms, temperature, False, 0.0, 1.0)
     return Verification(out, n, error, triton_backend_name())

@@ -71,11 +71,11 @@ def sigmoid_row(logits: list[float], temperature: float, alpha: float, beta: flo
     return out
 
 
-def _rule(draft_tokens: torch.Tensor, uniforms: torch.Tensor, p_row, q_row) -> Verification:
+def _rule(draft_tokens: torch.Tensor, uniforms: torch.Tensor, vocab: int, p_row, q_row) -> Verification:
     """The loops of the rule (the module docstring), over the rows p_row(b, c) (target) and q_row(b, c, x)
-    (draft; x the draft token) as lists of floats."""
+    (draft; x the draft token) as lists of floats of the vocabulary's size."""
     B, gamma = draft_tokens.shape
-    check_draft_tokens(draft_tokens, target_logits.shape[-1])
+    check_draft_tokens(draft_tokens, vocab)
     out_tokens = torch.full((B, gamma + 1), PAD, dtype=torch.int64)
     num_accepted = torch.zeros(B, dtype=torch.int64)
     for b in range(B):
@@ -112,7 +112,7 @@ def verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Non
     def q_row(b, c, x):
         return draft_probs[b, c].float().tolist() if draft_probs is not None else [float(i == x) for i in range(V)]
 
-    return _rule(draft_tokens, uniforms, p_row, q_row)
+    return _rule(draft_tokens, uniforms, target_logits.shape[-1], p_row, q_row)
 
 
 def verify_sigmoid_reference(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
@@ -129,7 +129,7 @@ def verify_sigmoid_reference(draft_tokens: torch.Tensor, draft_logits: torch.Ten
     def q_row(b, c, x):
         return sigmoid_row(draft_logits[b, c].float().tolist(), temperature, alpha, beta)
 
-    return _rule(draft_tokens, uniforms, p_row, q_row)
+    return _rule(draft_tokens, uniforms, target_logits.shape[-1], p_row, q_row)
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:

@@ -20,7 +20,7 @@ from specdec_cli.errors import NonFiniteLogitsError
 
 from .contract import Verification, check_draft_tokens, triton_backend_name
 from .draw import assemble, draw_from_weights, first_rejection
-from .exact import verify_triton_op
+from .exact import run_kernels
 
 
 def sigmoid_probs(logits, temperature: float, alpha: float, beta: float):
@@ -74,5 +74,5 @@ def verify_sigmoid_triton(draft_tokens: torch.Tensor, draft_logits: torch.Tensor
     """The Triton kernel (stages 2 and 3 of kernels/exact.py with SIGMOID); error flags unread, as exact's."""
     if draft_logits is None:
         raise ValueError("sigmoid verification needs the draft's logits")
-    out, n, error = verify_triton_op(draft_tokens, draft_logits, target_logits, uniforms, temperature, True, alpha, beta)
+    out, n, error = run_kernels(draft_tokens, draft_logits, target_logits, uniforms, temperature, True, alpha, beta)
     return Verification(out, n, error, triton_backend_name())

@@ -65,3 +65,33 @@ def test_every_kernel_compiles_for_the_gpus_without_one(mode, arch):
     assert kernels == {(s, d) for s in stages for d in ("float32", "bfloat16", "float16")}
     assert all(k["registers"] and k["spill_bytes"] == 0 and k["cubin_bytes"] > 0 for k in report["kernels"])
     assert len({(k["constexprs"].get("GAMMA_P2"), k["constexprs"].get("SPLITS_P2")) for k in report["kernels"]}) > 10
+
+
+def test_a_rounding_tie_is_told_from_a_mismatch():
+    """verify-kernel's decision check lets a GPU's token differ from the torch path's only where fp64 says the
+    threshold sits on the boundary between them (kernel_check._rounding_tie): a neighbour across the boundary, or
+    an acceptance whose u·q(x) is p(x), is a tie; a token further along the CDF is a mismatch."""
+    import torch
+
+    from specdec_cli.bench.kernel_check import _rounding_tie
+    from specdec_cli.kernels.contract import PAD
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(1, 2, 16, generator=g, dtype=torch.float64) * 2  # [B=1, γ+1, V]
+    q = torch.softmax(torch.randn(1, 1, 16, generator=g, dtype=torch.float64) * 2, -1)  # [B, γ, V]
+    p = torch.softmax(z, -1)
+    x = int((q[0, 0] - p[0, 0]).argmax())  # q(x) > p(x): u = 1 rejects it
+    w = torch.clamp(p[0, 0] - q[0, 0], min=0)
+    W = torch.cumsum(w, 0)
+    positive = w.gt(0).nonzero()[:, 0].tolist()
+    assert len(positive) >= 4
+    a, b, far = positive[0], positive[1], positive[3]
+    u = torch.tensor([[1.0, float(W[a] / W[-1])]], dtype=torch.float64)  # the draw's threshold on a's upper edge
+    case = (torch.tensor([[x]]), q.float(), z.float(), u.float())
+    row = lambda t: torch.tensor([t, PAD])  # noqa: E731
+    assert _rounding_tie(case, row(a), row(b), 0)
+    assert not _rounding_tie(case, row(a), row(far), 0)
+    u_tie = torch.tensor([[float(p[0, 0, x] / q[0, 0, x]), 0.5]])  # u·q(x) = p(x): accept or reject
+    assert _rounding_tie((case[0], case[1], case[2], u_tie), torch.tensor([x, 3]), row(a), 0)
+    u_clear = torch.tensor([[0.01, 0.5]])  # clearly accepted: x was the only answer at position 0
+    assert not _rounding_tie((case[0], case[1], case[2], u_clear), torch.tensor([x, 3]), row(a), 0)

@@ -435,7 +435,7 @@ def test_what_a_compile_depends_on_is_bounded():
         constexprs = {a.arg for a in f.args.args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)}
         assert constexprs == ({"BLOCK"} if name == "_row_stats_kernel" else {"GAMMA_P2", "SPLITS_P2", "BLOCK", "SIGMOID", "ONE_HOT"})
     for _, sms in ARCHS.values():
-        keys = {(triton.next_power_of_2(g + 1), triton.next_power_of_2(exact._plan(V, b * (g + 1), None, False, sms)[1]))
+        keys = {(triton.next_power_of_2(g + 1), triton.next_power_of_2(exact._plan(V, b, None, False, sms)[1]))
                 for g in range(1, options.MAX_GAMMA + 1) for b in range(1, 65) for V in (32000, 151936)}
         assert len(keys) <= 6 * 7
 
