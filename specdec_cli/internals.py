@@ -23,11 +23,16 @@ def rollback_cache(config):
     """A DynamicCache for `config` whose sliding-window layers keep what a rollback needs: they record every
     state past the window until the next crop_cache, which drops the rejected slots and trims the rest back to
     the window. Relies on: `DynamicCache(config=...)` building one layer per `config.layer_types` (sliding ones
-    with `.is_sliding` and `.sliding_window`), and `activate_past_recording()` on them."""
+    with `.is_sliding` and `.sliding_window`), and `activate_past_recording()` on them (from transformers 5.15).
+    Before 5.15 a sliding layer cannot roll back past its window: a DynamicCache without the config keeps every
+    slot of every layer, and the model's sliding-window mask still shows each query only its window."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
-    for layer in _sliding_layers(cache):
+    sliding = [layer for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)]
+    if any(not hasattr(layer, "activate_past_recording") for layer in sliding):
+        return DynamicCache()
+    for layer in sliding:
         layer.activate_past_recording()
     return cache
 

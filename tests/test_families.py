@@ -14,7 +14,7 @@ from conftest import WORDS, left_pad, word_tokenizer
 from specdec_cli import internals
 from specdec_cli.decoding import Decoder, generate
 from specdec_cli.drafts.lookup import Lookup
-from specdec_cli.models import load_causal_lm
+from specdec_cli.models import LoadedModel, load_causal_lm
 from specdec_cli.options import SummarizeOptions
 from specdec_cli.tasks import summarize as S
 
@@ -108,18 +108,28 @@ def test_the_window_each_row_sees_is_the_models_own(tmp_path, name):
 
 @pytest.mark.slow
 def test_the_python_api_gives_what_transformers_generate_gives(smollm2):
-    """generate(target, draft, ids) with plain transformers models, in bf16 on a CPU: the target runs as
-    exact_rows makes it, so greedy output is its own generate()'s token for token."""
+    """generate(target, draft, ids) with plain transformers models, greedy, with a model draft, lookup and the
+    baseline sampler: in fp32 token for token the target's own generate(); in bf16 token for token our own
+    autoregressive output (exact_rows: a pass's rows are its steps'), which transformers' bf16 generate() may leave
+    where its one-row attention rounds otherwise (README, Python)."""
+    import copy
+
     from specdec_cli.drafts.layers import self_draft
 
     ids, mask = left_pad([smollm2.tokenizer("Bumblebees raise more queens near wildflower strips")["input_ids"]])
-    want = smollm2.model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40,
-                                  pad_token_id=smollm2.tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
-    draft = self_draft(smollm2, 10).model
-    for d, mode in ((draft, "exact"), (Lookup(), "exact"), (draft, "baseline")):
-        got = generate(smollm2.model, d, ids, mask, mode=mode, gamma=4, gamma_schedule="constant",
-                       max_new_tokens=40, eos_token_ids=smollm2.tokenizer.eos_token_id).tokens[0]
-        assert got == want[: len(got)] and (len(got) == len(want) or got[-1] == smollm2.tokenizer.eos_token_id)
+    eos = smollm2.tokenizer.eos_token_id
+    fp32 = copy.deepcopy(smollm2.model).float()
+    for target, dtype in ((fp32, "fp32"), (smollm2.model, "bf16")):
+        if dtype == "fp32":
+            want = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40,
+                                   pad_token_id=eos)[0, ids.shape[1]:].tolist()
+        else:
+            want = generate(target, None, ids, mask, mode="autoregressive", max_new_tokens=40, eos_token_ids=eos).tokens[0]
+        draft = self_draft(LoadedModel(target, smollm2.tokenizer, "smollm2", "local"), 10).model
+        for d, mode in ((draft, "exact"), (Lookup(), "exact"), (draft, "baseline")):
+            got = generate(target, d, ids, mask, mode=mode, gamma=4, gamma_schedule="constant", max_new_tokens=40,
+                           eos_token_ids=eos).tokens[0]
+            assert got == want[: len(got)] and (len(got) == len(want) or got[-1] == eos), (dtype, mode)
 
 
 @pytest.mark.slow

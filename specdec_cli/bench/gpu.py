@@ -167,6 +167,77 @@ def copy_bandwidth(run: Run) -> dict:
     return {"gb_per_s": gbps, "bytes": 2 * a.numel() * 4}
 
 
+def plans(run: Run) -> dict:
+    """The launcher's choices measured: each (SPLITS, stage-1 warps) at V = 151 936, γ = 5, B = 1, 8, 64, in a CUDA
+    graph (device time), its tokens against the torch path's; and the host cost of a step three ways (the custom op,
+    a plain launch, the verify() API with its error check), eager."""
+    import triton
+
+    from specdec_cli.bench.timing import measure_side_by_side
+    from specdec_cli.decoding.verify import verify
+    from specdec_cli.kernels import exact
+
+    if run.device != "cuda":
+        return {"skipped": "no CUDA device"}
+    vocab, gamma, out = 151936, 5, {}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = triton.cdiv(vocab, 1024)
+    for batch in (1, 8, 64):
+        tokens, probs, logits, u = _exact_case(run, batch, vocab, gamma)
+        want = exact.verify_exact_torch(tokens.cpu(), probs.cpu(), logits.cpu(), u.cpu()).out_tokens
+        old = max(1, min(tiles, triton.cdiv(4 * sms, batch * (gamma + 1)), 64))  # the rule before this run
+        variants, timings = {}, {}
+        for splits in sorted({old, 4, 8, 16, 32, 64, exact._plan(vocab, batch, None, False, sms=sms)[1]}):
+            chunk = triton.cdiv(tiles, splits) * 1024
+            plan = (1024, triton.cdiv(vocab, chunk), chunk)
+            fn = functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False, plan=plan)
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = fn()
+            g.replay()
+            torch.cuda.synchronize()
+            same = bool(torch.equal(got[0].cpu(), want))
+            name = f"splits={plan[1]}" + (" (old rule)" if splits == old else "") + (
+                " (launcher)" if plan == exact._plan(vocab, batch, None, False, sms=sms) else "")
+            variants[name] = g.replay
+            timings[name] = {"same_tokens_as_torch_path": same}
+        measured = measure_side_by_side(variants, device="cuda", repeat=100)
+        for name, t in measured.items():
+            timings[name]["graph_us"] = t.median_ms * 1e3
+        step = torch.ops.specdec.verify_triton
+        eager = measure_side_by_side({
+            "custom op": functools.partial(step, tokens, probs, logits, u, 1.0, False, 0.0, 1.0),
+            "plain launch": functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False),
+            "verify() + check": functools.partial(lambda *a: verify("exact", *a).checked(), tokens, probs, logits, u)},
+            device="cuda", repeat=100)
+        out[f"B={batch}"] = {"graph": timings, "eager_us": {k: t.median_ms * 1e3 for k, t in eager.items()}}
+        run.log(f"plans B={batch}: " + ", ".join(f"{k} {v['graph_us']:.1f} µs{'' if v['same_tokens_as_torch_path'] else ' DIFFERS'}"
+                                                  for k, v in timings.items()))
+        run.log(f"plans B={batch} eager: " + ", ".join(f"{k} {t.median_ms * 1e3:.1f} µs" for k, t in eager.items()))
+    return out
+
+
+def rows(run: Run) -> dict:
+    """Whether a row of a bf16 product has the same bits whatever the rows beside it (cuBLAS, TinyLlama's shapes):
+    row 0 of an M-row product against M = 1 and M = 2, for M up to 33."""
+    if run.device != "cuda":
+        return {"skipped": "no CUDA device"}
+    torch.manual_seed(0)
+    out = {}
+    for k, n in ((2048, 2048), (2048, 256), (2048, 5632), (5632, 2048), (2048, 32000)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        x = torch.randn(33, k, device="cuda", dtype=torch.bfloat16)
+        one = torch.nn.functional.linear(x[:1], w)
+        two = torch.nn.functional.linear(x[:2], w)[:1]
+        same1 = [m for m in range(1, 34) if torch.equal(torch.nn.functional.linear(x[:m], w)[:1], one)]
+        same2 = [m for m in range(1, 34) if torch.equal(torch.nn.functional.linear(x[:m], w)[:1], two)]
+        out[f"{k}x{n}"] = {"M_equal_to_M1": same1, "M_equal_to_M2": same2}
+        run.log(f"rows {k}x{n}: equal to M=1 at M={same1}; to M=2 at M={same2}")
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # 4. grid
 
@@ -182,7 +253,7 @@ def grid(run: Run) -> dict:
     if run.tiny:
         config = SyntheticConfig([1000, 5003], [1, 5], [1, 4], modes, device=run.device, repeat=3)
     else:
-        config = SyntheticConfig([32000, 51865, 151936, 262144], [1, 3, 5, 10, 20], [1, 8, 64], modes, device=run.device,
+        config = SyntheticConfig([32000, 151936, 262144], [1, 3, 5, 10, 20], [1, 8, 64], modes, device=run.device,
                                  dtype="bfloat16", repeat=20)
     config.validate()
     measured = harness.run(config, progress=lambda label: run.log(f"grid {label}"))
@@ -249,13 +320,23 @@ def loop(run: Run) -> dict:
         whisper = WhisperConfig(vocab_size=51865, d_model=768, encoder_layers=12, decoder_layers=12,
                                 encoder_attention_heads=12, decoder_attention_heads=12, encoder_ffn_dim=3072,
                                 decoder_ffn_dim=3072, max_target_positions=448)
-        prompt_len, new_tokens, k = 256, 128, 4
+        prompt_len, new_tokens, k = 256, 64, 4
     target = LlamaForCausalLM(llama).to(run.device, dtype).eval()
     loaded = LoadedModel(target, None, "random llama", "local")
     draft = self_draft(loaded, k).model
     prompt = torch.randint(0, llama.vocab_size, (1, prompt_len), device=run.device)
     result = {"llama": {"params": sum(p.numel() for p in target.parameters()), "draft": f"self:{k}", "dtype": str(dtype),
                         "modes": _time_modes(run, target, draft, prompt, new_tokens)}}
+    if run.device == "cuda":  # the same without exact_rows: sdpa's many-query rows are not its one-query rows
+        from specdec_cli.decoding import exact_rows as rows_module
+
+        needs_rows = rows_module.needs_rows
+        rows_module.needs_rows = lambda weight: False
+        try:
+            result["llama without exact_rows"] = {"modes": _time_modes(run, target, draft, prompt, new_tokens,
+                                                                       modes=("autoregressive", "exact"))}
+        finally:
+            rows_module.needs_rows = needs_rows
     del target, draft
 
     model = WhisperForConditionalGeneration(whisper).to(run.device, dtype).eval()
@@ -316,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         run.report["machine"]["versions"]["triton"] = triton.__version__
-    for name, fn in (("kernels", kernels), ("graph", graph), ("copy", copy_bandwidth), ("grid", grid), ("loop", loop),
-                     ("tests", tests)):
+    for name, fn in (("plans", plans), ("rows", rows), ("kernels", kernels), ("graph", graph), ("copy", copy_bandwidth),
+                     ("grid", grid), ("loop", loop), ("tests", tests)):
         run.section(name, lambda fn=fn: fn(run))
     failed = [n for n, s in run.report["sections"].items() if "failed" in s or s.get("passed") is False]
     run.report["failed_sections"] = failed

@@ -57,9 +57,12 @@ class RowLinear(nn.Module):
 
 
 def needs_rows(weight: torch.Tensor) -> bool:
-    """Whether rows must be made to compute alike: on a CPU in bf16/fp16. (In fp32 MKL also rounds a many-row
-    GEMM otherwise than a one-row GEMV, by far less: only a tie within that rounding could flip.)"""
-    return weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
+    """Whether rows must be made to compute alike: in bf16/fp16, on a CPU or a GPU. (In fp32 MKL also rounds a
+    many-row GEMM otherwise than a one-row GEMV, by far less: only a tie within that rounding could flip.)
+    On an H100 (torch 2.11, cuBLAS, benchmarks/gpu-h100): a bf16 product's row had the same bits for any M ≤ 16
+    (M ≤ 33 on 4 of TinyLlama's 5 shapes), but sdpa's many-query attention did not give one-query bits: a random
+    TinyLlama-shaped target's greedy self:4 output left autoregressive's without exact_rows, and kept it with."""
+    return weight.dtype in (torch.bfloat16, torch.float16)
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -76,15 +79,27 @@ def row_linear(linear: nn.Module) -> nn.Module:
 
 def step_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention for queries [B, H, T, D], cross-attention computed in its keys' dtype (fp32 on
-    a CPU for Whisper: models.whisper.cross_attention_dtype), the output back in the queries'; one query's mask
-    dropped when it hides nothing, as transformers' sdpa path drops it (a mask takes another kernel).
-    -> (out [B, T, H, D], None)."""
+    a CPU for Whisper: models.whisper.cross_attention_dtype), the output back in the queries'. One query reads only
+    from the first key its mask shows in some row (a sliding window hides the keys before it: a step and a pass's
+    row then read the same W keys, however many the cache held), and its mask is dropped when it then hides nothing,
+    as transformers' sdpa path drops it (a mask takes another kernel). -> (out [B, T, H, D], None)."""
     if query.shape[2] == 1:
+        start = _first_shown(attention_mask)
+        if start:
+            key, value, attention_mask = key[:, :, start:], value[:, :, start:], attention_mask[..., start:]
         attention_mask = internals.sdpa_mask_for_one_query(attention_mask)
     if getattr(module, "is_causal", True) or key.dtype == query.dtype:
         return internals.sdpa_attention(module, query, key, value, attention_mask, **kwargs)
     out, weights = internals.sdpa_attention(module, query.to(key.dtype), key, value, attention_mask, **kwargs)
     return out.to(query.dtype), weights
+
+
+def _first_shown(mask: torch.Tensor | None) -> int:
+    """The first key column a boolean mask [B, 1, 1, S] shows in some row (0 without a mask)."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[-1] == 0:
+        return 0
+    shown = mask.reshape(-1, mask.shape[-1]).any(0)  # [S]
+    return int(shown.int().argmax()) if bool(shown.any()) else 0
 
 
 def sdpa_by_rows(module, query, key, value, attention_mask, *, one_query_dtype=None, **kwargs):
