@@ -460,8 +460,8 @@ def _on_ray(task: str, opts, ray: opt.RayOptions, inputs: list[str], output_dir,
     from specdec_cli import render
     from specdec_cli.distributed import corpus
 
-    corpus.require_ray()
     plan = corpus.plan(task, inputs, output_dir, fmt, skip_existing, as_json)
+    corpus.require_ray()
     if plan.skipped:
         render.note(f"skipping {plan.skipped} of {len(plan.inputs)} inputs: their files are in {output_dir}")
     if not plan.todo:

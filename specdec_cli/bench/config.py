@@ -224,7 +224,6 @@ class TaskConfig:
         """--ray runs one setting, every input once per contender, on actors of --ray-threads threads."""
         from specdec_cli.distributed import corpus
 
-        corpus.require_ray()
         if self.threads is not None:
             raise SpecdecError("--threads: with --ray each actor runs --ray-threads torch threads")
         for flag, sweep in (("--draft-vocab", self.draft_vocabs), ("--draft-quantized", self.draft_quantized),
@@ -236,6 +235,7 @@ class TaskConfig:
         if self.repeat != 1:
             raise SpecdecError("--repeat: with --ray every input runs once per contender (the corpus is the repeat)")
         runners.task_inputs(self)  # there are inputs
+        corpus.require_ray()
 
     @property
     def greedy(self) -> bool:
