@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import sys
 import typing
 import warnings
@@ -38,6 +39,7 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
+            args = ray_address_args(list(sys.argv[1:] if args is None else args))
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _UsageErrors as e:
             from specdec_cli import render
@@ -52,6 +54,27 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return code
         sys.exit(code or 0)
+
+
+# What `--ray ADDRESS` may be followed by when it names a cluster, not an input: auto, local, ray://..., HOST:PORT
+_RAY_ADDRESS = re.compile(r"^(auto|local|ray://\S+|[\w.\-\[\]:]+:\d+)$")
+
+
+def ray_address_args(args: list[str]) -> list[str]:
+    """`--ray=ADDRESS`, and `--ray ADDRESS` where ADDRESS looks like one and is no file, as `--ray --ray-address
+    ADDRESS` (a Typer option cannot take a value that may be left out); everything else as it was."""
+    out, rest = [], list(args)
+    while rest:
+        a = rest.pop(0)
+        if a == "--":
+            return out + [a] + rest
+        if a.startswith("--ray="):
+            out += ["--ray", "--ray-address", a.partition("=")[2]]
+        elif a == "--ray" and rest and _RAY_ADDRESS.match(rest[0]) and not os.path.exists(rest[0]):
+            out += ["--ray", "--ray-address", rest.pop(0)]
+        else:
+            out.append(a)
+    return out
 
 
 app = typer.Typer(
@@ -116,28 +139,30 @@ def handle_errors(fn):
 # From an options dataclass to Typer parameters: each option's name, default and help come from options.py
 
 
-def with_options(cls):
-    """A command whose first parameter is an object of `cls` (an options dataclass): each field becomes a Typer
-    option (options.option: its flag, default and help), placed after the command's arguments and before its
-    other options; the command receives `cls(**fields).validate()` when `cls` has validate, else `cls(**fields)`."""
+def with_options(*classes):
+    """A command whose first parameters are objects of `classes` (options dataclasses, e.g. TranscribeOptions and
+    RayOptions): each field becomes a Typer option (options.option: its flag, default and help), placed after the
+    command's arguments and before its other options; the command receives `cls(**fields).validate()` for each
+    class that has validate, else `cls(**fields)`."""
 
     def decorate(fn):
-        own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
-        hints, defaults = typing.get_type_hints(cls), cls()
-        fields = [f.name for f in dataclasses.fields(cls)]
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())[len(classes):]
+        fields = {cls: [f.name for f in dataclasses.fields(cls)] for cls in classes}
         params = []
-        for name in fields:
-            help_text, flag = opt.help_of(cls, name)
-            info = typer.Option(*([flag] if flag else []), help=help_text)
-            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name),
-                                            annotation=Annotated[hints[name], info]))
+        for cls in classes:
+            hints, defaults = typing.get_type_hints(cls), cls()
+            for name in fields[cls]:
+                help_text, flag = opt.help_of(cls, name)
+                info = typer.Option(*([flag] if flag else []), help=help_text)
+                params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, name),
+                                                annotation=Annotated[hints[name], info]))
         arguments = [p for p in own if p.default is inspect.Parameter.empty]
         rest = [p for p in own if p.default is not inspect.Parameter.empty]
 
         @functools.wraps(fn)
         def command(**kwargs):
-            values = cls(**{name: kwargs.pop(name) for name in fields})
-            return fn(values.validate() if hasattr(values, "validate") else values, **kwargs)
+            values = [cls(**{name: kwargs.pop(name) for name in fields[cls]}) for cls in classes]
+            return fn(*(v.validate() if hasattr(v, "validate") else v for v in values), **kwargs)
 
         signature = inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in (*arguments, *params, *rest)])
         command.__signature__ = signature  # type: ignore[attr-defined]
@@ -186,8 +211,8 @@ def verify_kernel(o: opt.KernelCheckOptions, as_json: Json = False):
 
 @app.command("bench")
 @handle_errors
-@with_options(opt.BenchOptions)
-def bench(o: opt.BenchOptions, as_json: Json = False):
+@with_options(opt.BenchOptions, opt.RayOptions)
+def bench(o: opt.BenchOptions, ray: opt.RayOptions, as_json: Json = False):
     """Time the verification step, or whole decoding tasks, per γ and mode.
 
     synthetic: one verification step on LM-like logits; per (V, B, γ) every
@@ -214,12 +239,13 @@ def bench(o: opt.BenchOptions, as_json: Json = False):
       specdec bench --task transcribe --threads 1,all --draft-quantized on,off
       specdec bench --task transcribe --target-int8 off,on --peers faster-whisper
       specdec bench --task summarize --limit 2 --modes exact --peers hf-assisted
+      specdec bench --task transcribe --data clips/ --modes baseline,exact --gamma 5 --ray
     """
     from specdec_cli import render
     from specdec_cli.bench import config as cfg
     from specdec_cli.bench import harness, results
 
-    config = cfg.build(o)  # every option checked, the inputs read, the outputs' folders too: before the run
+    config = cfg.build(o, ray)  # every option checked, the inputs read, the outputs' folders too: before the run
     notes = cfg.warnings_for(config)
     for w in notes:
         render.warn(w)
@@ -309,12 +335,19 @@ def _cache_entries(keys):
     return [entries[k] for k in keys] if keys else list(entries.values())
 
 
+OutputDir = Annotated[Path | None, typer.Option(help="Write one file per input here: the input's name with the format's extension.")]
+SkipExisting = Annotated[bool, typer.Option("--skip-existing", help="With --output-dir: skip the inputs whose file is already there (resume a folder).")]
+
+
 @app.command()
 @handle_errors
-@with_options(opt.SummarizeOptions)
+@with_options(opt.SummarizeOptions, opt.RayOptions)
 def summarize(
     opts: opt.SummarizeOptions,
-    articles: Annotated[list[str], typer.Argument(help="Text files to summarize; '-' reads stdin.")],
+    ray: opt.RayOptions,
+    articles: Annotated[list[str], typer.Argument(help="Text files to summarize; '-' reads stdin. With --ray: files or folders of *.txt, paths or URIs.")],
+    output_dir: OutputDir = None,
+    skip_existing: SkipExisting = False,
     as_json: Json = False,
 ):
     """Summarize articles with a causal-LM target and a cheaper draft.
@@ -330,25 +363,39 @@ def summarize(
       specdec summarize a.txt --target ./my-model --draft self:4
       specdec summarize a.txt --draft lookup
       specdec summarize a.txt --draft lookup+embedded
+      specdec summarize articles/ --ray --output-dir summaries/ --skip-existing
     """
     from specdec_cli import render
+    from specdec_cli.tasks import formats
     from specdec_cli.tasks import summarize as task
 
-    inputs = [task.read_article(a) for a in articles]  # every input is checked before models load
+    if ray.ray:
+        _on_ray("summarize", opts, ray, articles, output_dir, skip_existing, as_json, "txt", lambda rec: rec.text + "\n")
+    outputs = formats.plan_outputs(articles, output_dir, "txt", skip_existing, as_json)
+    if outputs.skipped:
+        render.note(f"skipping {outputs.skipped} of {len(outputs.paths)} inputs: their files are in {output_dir}")
+    if not outputs.todo:
+        return
+    inputs = [task.read_article(a) for a in outputs.todo]  # every input is checked before models load
     tgt, drf = task.load_pair(opts, progress=not as_json)
     with render.progress("summarizing", total=len(inputs), quiet=as_json) as advance:
         results = task.summarize(tgt, drf, inputs, opts, on_batch=advance, on_prefill=advance.reading)
-    render.results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {opts.mode}")
+    for r in results if outputs.paths else ():
+        formats.write(outputs.paths[r.input], r.text + "\n")
+    render.written([outputs.paths[r.input] for r in results if outputs.paths])
+    render.results(results, as_json=as_json, device=str(tgt.device), title=f"summarize --mode {opts.mode}",
+                   text=not outputs.paths)
 
 
 @app.command()
 @handle_errors
-@with_options(opt.TranscribeOptions)
+@with_options(opt.TranscribeOptions, opt.RayOptions)
 def transcribe(
     opts: opt.TranscribeOptions,
-    audio: Annotated[list[str], typer.Argument(help="Audio files: wav, flac, ogg, mp3, ... (any rate, mono or stereo), or folders of them.")],
-    output_dir: Annotated[Path | None, typer.Option(help="Write one file per input here: the input's name with the format's extension.")] = None,
-    skip_existing: Annotated[bool, typer.Option("--skip-existing", help="With --output-dir: skip the inputs whose file is already there (resume a folder).")] = False,
+    ray: opt.RayOptions,
+    audio: Annotated[list[str], typer.Argument(help="Audio files: wav, flac, ogg, mp3, ... (any rate, mono or stereo), or folders of them; with --ray, paths or URIs.")],
+    output_dir: OutputDir = None,
+    skip_existing: SkipExisting = False,
     as_json: Json = False,
 ):
     """Transcribe speech with a Whisper target and a speculative draft.
@@ -369,11 +416,20 @@ def transcribe(
       specdec transcribe interview.flac --language de --task translate
       specdec transcribe a.wav --target embedded:tiny.en --gamma 3
       specdec transcribe a.wav --target ./my-whisper --draft ./my-whisper-small
+      specdec transcribe clips/ --ray --output-dir out/ --output-format json --skip-existing
+      specdec transcribe s3://bucket/clips/ --ray=ray://head:10001 --ray-actors 8 --output-dir out/
     """
     from specdec_cli import render
     from specdec_cli.tasks import formats
     from specdec_cli.tasks import transcribe as tx
     from specdec_cli.tasks.audio import audio_files
+
+    if ray.ray:
+        def file_text(rec):
+            t = rec.result()
+            return formats.render(t, opts.output_format, timestamps=opts.timestamps, header=render.result_json(t, rec.device))
+
+        _on_ray("transcribe", opts, ray, audio, output_dir, skip_existing, as_json, opts.output_format, file_text)
 
     outputs = formats.plan_outputs(audio_files(audio), output_dir, opts.output_format, skip_existing, as_json)
     if outputs.skipped:
@@ -394,6 +450,38 @@ def transcribe(
     with render.progress("transcribing", total=sum(tx.count_windows(a) for a in audios), quiet=as_json) as advance:
         results = tx.transcribe(tgt, drf, outputs.todo, opts, audios=audios, on_window=advance, on_transcript=write)
     render.transcripts(results, opts, as_json=as_json, device=device, to_files=bool(outputs.paths))
+
+
+def _on_ray(task: str, opts, ray: opt.RayOptions, inputs: list[str], output_dir, skip_existing: bool, as_json: bool,
+            fmt: str, file_text) -> typing.NoReturn:
+    """--ray: the corpus on a Ray cluster (distributed.corpus), a bar over its inputs with the time left, each output
+    and its manifest line written as its record arrives, then a table per actor. Exits 0 when every input was done,
+    2 when some were bad (1 when one failed otherwise): the last line says how many."""
+    from specdec_cli import render
+    from specdec_cli.distributed import corpus
+
+    plan = corpus.plan(task, inputs, output_dir, fmt, skip_existing, as_json)
+    corpus.require_ray()
+    if plan.skipped:
+        render.note(f"skipping {plan.skipped} of {len(plan.inputs)} inputs: their files are in {output_dir}")
+    if not plan.todo:
+        raise typer.Exit(0)
+
+    def on_record(rec, summary):
+        for w in rec.warnings:
+            render.warn(w)
+        if not rec.ok:
+            render.error(rec.error_line())
+        if as_json:
+            print(json.dumps(render.result_json(rec.result(), rec.device) if rec.ok else
+                             {"input": rec.input, "error": rec.error}), flush=True)
+        advance(len(summary.done) + len(summary.failed), len(plan.todo))
+
+    with render.progress(f"{task} on ray", total=len(plan.todo), quiet=as_json, eta=True) as advance:
+        summary = corpus.run(task, opts, ray, plan, file_text=file_text, on_record=on_record,
+                             on_start=lambda pool: render.note(f"ray: {pool.describe()}, {len(plan.todo)} inputs"))
+    render.corpus_summary(summary)
+    raise typer.Exit(summary.exit_code)
 
 
 def main():  # pragma: no cover - the console script

@@ -282,6 +282,40 @@ class TranscribeOptions(DecodeOptions):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Ray: summarize, transcribe and a task bench over a corpus on a Ray cluster (specdec_cli/distributed)
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide a corpus runs on Ray (summarize, transcribe, bench --task summarize|transcribe).
+    0 and None are "suit the cluster": distributed.corpus.pool_for reads what the cluster has."""
+
+    ray: bool = option(False, "Decode the inputs on a Ray cluster, one model load per actor (pip install "
+                       "'specdec-cli[ray]'): --ray=ADDRESS (or RAY_ADDRESS) joins the cluster there, plain --ray the one "
+                       "running on this machine, else starts one for this run. Writes one file per input and "
+                       "manifest.jsonl into --output-dir.", flag="--ray")
+    ray_address: str | None = option(None, "The Ray cluster to join (auto, HOST:PORT, ray://HOST:PORT); --ray=ADDRESS "
+                                     "says the same.")
+    ray_actors: int = option(0, "Actors in the pool, each with its own models (0: one per GPU where the cluster has "
+                             "GPUs, else its CPUs / --ray-threads; never more than the inputs).")
+    ray_threads: int = option(0, "torch threads per actor, and the CPUs it reserves (0: 1).")
+    ray_gpus: float | None = option(None, "GPUs per actor, fractions allowed (default: 1 where the cluster has GPUs, "
+                                    "else 0).")
+
+    def validate(self):
+        given = [f.name for f in dataclasses.fields(self) if f.name != "ray" and getattr(self, f.name) not in (0, None)]
+        if given and not self.ray:
+            raise SpecdecError(f"--{given[0].replace('_', '-')} needs --ray")
+        at_least("--ray-actors", self.ray_actors, 0)
+        at_least("--ray-threads", self.ray_threads, 0)
+        if self.ray_gpus is not None:
+            at_least("--ray-gpus", self.ray_gpus, 0)
+        if self.ray_address is not None and not self.ray_address.strip():
+            raise SpecdecError("--ray= is empty: give the cluster's address (auto, HOST:PORT or ray://HOST:PORT)")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------
 # The options of bench and verify-kernel, as the CLI takes them (bench/config.py builds a run from them)
 
 _S, _T = SummarizeOptions(), TranscribeOptions()

@@ -113,10 +113,17 @@ def compile_report(report, as_json: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def progress(title: str, total: int, quiet: bool = False):
-    """A progress bar over inputs; yields advance(done, total), whose .reading(done, total) shows a second,
-    passing bar while a long prompt is read."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def progress(title: str, total: int, quiet: bool = False, eta: bool = False):
+    """A progress bar over inputs (with `eta`, the time left beside the time taken); yields advance(done, total),
+    whose .reading(done, total) shows a second, passing bar while a long prompt is read."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     if quiet or not err.is_terminal:
         def advance(done, total):
@@ -125,7 +132,8 @@ def progress(title: str, total: int, quiet: bool = False):
         advance.reading = advance
         yield advance
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    left = [TextColumn("left"), TimeRemainingColumn()] if eta else []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), *left,
                   console=err) as bar:
         task, prompt = bar.add_task(title, total=total), None
 
@@ -236,6 +244,30 @@ def _opt(v, fmt):
     return "-" if v is None else format(v, fmt)
 
 
+def corpus_summary(summary) -> None:
+    """The close of a --ray run (a distributed.corpus.CorpusSummary): one row per actor and one for all, the failed
+    inputs (the first 10), then the last line: how many failed, or that all were done."""
+    t = Table(title=f"{summary.plan.task} on ray · {summary.pool.describe()}", box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False, collapse_padding=True)
+    for name in ("actor", "inputs", "failed", "new\ntokens", "accept\nrate", "tok/s\nper actor", "decoding s"):
+        t.add_column(name, justify="left" if name == "actor" else "right", no_wrap=True)
+    for row in summary.per_actor():
+        if row["worker"] == "all":
+            t.add_section()
+        rate = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
+        t.add_row(row["worker"], str(row["inputs"]), str(row["failed"]), str(row["new_tokens"]), _opt(rate, ".3f"),
+                  f"{row['new_tokens'] / row['wall_s']:.2f}" if row["wall_s"] else "-", f"{row['wall_s']:.1f}")
+    err.print(t)
+    n = len(summary.done)
+    err.print(f"{n} inputs in {summary.wall_s:.1f} s ({n / summary.wall_s if summary.wall_s else 0:.2f} inputs/s, "
+              f"models loaded included); outputs and manifest in {summary.plan.manifest.parent}", highlight=False)
+    for r in summary.failed[:10]:
+        err.print(f"  failed: {r.error_line()}", highlight=False, soft_wrap=True)
+    if len(summary.failed) > 10:
+        err.print(f"  ... and {len(summary.failed) - 10} more (manifest.jsonl has each)", highlight=False)
+    (error if summary.failed else note)(summary.last_line())
+
+
 # ------------------------------------------------------------------------------------------------ bench
 
 
@@ -267,6 +299,8 @@ def _cell(key: str, v) -> str:
         return str(v)
     if key == "pass_ratio":
         return f"{v:.1f}×"
+    if key in ("verify_share", "verify_vs_baseline"):
+        return f"{100 * v:.1f} %"
     if key.startswith("speedup") or key == "predicted_speedup":
         return f"{v:.2f}×"
     if key in ("acceptance_rate", "expected_acceptance_rate", "alpha", "cost_ratio", "same_as_autoregressive") \
@@ -297,6 +331,8 @@ def bench_table(results) -> None:
     counts = sorted({r.threads for r in results.records if getattr(r, "threads", None)}) or [m['torch_threads']]
     threads = f"{'/'.join(map(str, counts))} thread{'s' if counts != [1] else ''}"
     heading = f"bench {results.task} · {m['device']} · {threads} · torch {m['versions']['torch']}"
+    if results.config.get("pool"):  # --ray
+        heading += f" · ray: {results.config['pool']}"
     for j, (setting, records) in enumerate(results.groups()):
         for i, (subtitle, cols) in enumerate(results.tables):
             title = "\n".join(x for x in (heading if i == j == 0 else "", setting if i == 0 else "", subtitle) if x)
@@ -324,7 +360,8 @@ def bench_table(results) -> None:
                   "forward; best γ maximises the prediction (constant γ only). γ is auto's upper bound; mean γ = "
                   "draft tokens per round, plain steps as 0; pass = the target's ms per call over its one-token "
                   f"step. verify ms = one verification call; peak MiB = {peak}; = AR = share of inputs whose output "
-                  "equals autoregressive's.", highlight=False)
+                  "equals autoregressive's; verify s = every verification call summed (the paper's profiling time), "
+                  "share = of the decoding loops' time, Δ vs base = 1 − verify s / baseline's.", highlight=False)
 
 
 def _calls(results) -> str:

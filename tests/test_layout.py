@@ -1,4 +1,4 @@
-"""The shape of the code: imports run one way (cli → bench → tasks → drafts → models → decoding → kernels),
+"""The shape of the code: imports run one way (cli → bench → distributed → tasks → drafts → models → decoding → kernels),
 with no cycle, counting imports inside functions; and every private internal of transformers and torch that
 specdec relies on is still where specdec_cli/internals.py expects it."""
 
@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 
 # highest first; a module may import its own layer and the layers below it, never one above
-LAYERS = ["cli", "bench", "tasks", "drafts", "models", "decoding", "kernels", "base"]
+LAYERS = ["cli", "bench", "distributed", "tasks", "drafts", "models", "decoding", "kernels", "base"]
 BASE = {"specdec_cli", "specdec_cli.errors", "specdec_cli.options", "specdec_cli.internals"}
 
 

@@ -21,15 +21,16 @@ def command(name):
 
 @pytest.mark.parametrize("name, cls", [("summarize", options.SummarizeOptions), ("transcribe", options.TranscribeOptions)])
 def test_the_cli_shows_and_uses_the_options_defaults(name, cls):
-    defaults = cls()
+    defaults, ray = cls(), options.RayOptions()  # the task's options, and --ray's (specdec_cli/distributed)
     params = inspect.signature(command(name)).parameters
     seen = set()
     for p in params.values():
         if p.name in NOT_OPTIONS:
             continue
-        assert p.default == getattr(defaults, p.name), f"specdec {name} --{p.name.replace('_', '-')}"
+        assert p.default == getattr(defaults if hasattr(defaults, p.name) else ray, p.name), \
+            f"specdec {name} --{p.name.replace('_', '-')}"
         seen.add(p.name)
-    assert seen == {f.name for f in dataclasses.fields(cls)}, "every option is on the CLI"
+    assert seen == {f.name for c in (cls, options.RayOptions) for f in dataclasses.fields(c)}, "every option is on the CLI"
 
 
 @pytest.mark.parametrize("name, cls, flag", [("summarize", options.SummarizeOptions, "--no-draft-int8"),

@@ -183,6 +183,8 @@ class TaskConfig:
     target_int8: list[bool] | None = None  # transcribe: a sweep of --target-int8; None: the default (off)
     peers: list[str] = field(default_factory=list)  # other tools run beside (peers.PEERS), e.g. faster-whisper
     options: dict = field(default_factory=dict)
+    ray: options.RayOptions | None = None  # --ray: over the corpus on a Ray cluster (bench/corpus.py)
+    pool: str | None = None  # --ray: the actor pool it ran on, in words (filled by the run)
 
     def validate(self) -> TaskConfig:
         """Checks every option (the task's decoding options through options.DecodeOptions.validate), finds
@@ -213,8 +215,28 @@ class TaskConfig:
         for setting in runners.task_settings(self):
             for g in self.gammas:
                 setting.options.replace(gamma=g).validate()
-        runners.read_inputs(self.task, runners.task_inputs(self)[0])
+        if self.ray is not None:
+            self._check_ray()  # the actors read the inputs: a bad one is left out of every contender, said in one line
+        else:
+            runners.read_inputs(self.task, runners.task_inputs(self)[0])
         return self
+
+    def _check_ray(self) -> None:
+        """--ray runs one setting, every input once per contender, on actors of --ray-threads threads."""
+        from specdec_cli.distributed import corpus
+
+        if self.threads is not None:
+            raise SpecdecError("--threads: with --ray each actor runs --ray-threads torch threads")
+        for flag, sweep in (("--draft-vocab", self.draft_vocabs), ("--draft-quantized", self.draft_quantized),
+                            ("--target-int8", self.target_int8)):
+            if sweep is not None and len(sweep) > 1:
+                raise SpecdecError(f"{flag}: one setting with --ray (sweep it without --ray)")
+        if self.peers:
+            raise SpecdecError("--peers run beside specdec in this process: leave out --ray")
+        if self.repeat != 1:
+            raise SpecdecError("--repeat: with --ray every input runs once per contender (the corpus is the repeat)")
+        runners.task_inputs(self)  # there are inputs
+        corpus.require_ray()
 
     @property
     def greedy(self) -> bool:
@@ -238,17 +260,24 @@ class TaskConfig:
         for key in runners.TASK_OPTIONS:
             if self.options.get(key) is not None:
                 args += [_flag(key), str(self.options[key])]
+        if self.ray is not None:
+            args += ["--ray"] + [x for key in ("ray_address", "ray_actors", "ray_threads", "ray_gpus")
+                                 if getattr(self.ray, key) not in (None, 0) for x in (_flag(key), str(getattr(self.ray, key)))]
         return shlex.join(args)
 
 
-def build(o: options.BenchOptions) -> SyntheticConfig | TaskConfig:
-    """The run `specdec bench` is asked for (options.BenchOptions, as the command line gave them): every option
-    checked, a task's inputs read, the output paths checked, all before anything runs."""
+def build(o: options.BenchOptions, ray: options.RayOptions | None = None) -> SyntheticConfig | TaskConfig:
+    """The run `specdec bench` is asked for (options.BenchOptions, as the command line gave them; `ray`: --ray and its
+    options): every option checked, a task's inputs read, the output paths checked, all before anything runs."""
     from specdec_cli.bench import results
     from specdec_cli.models import resolve_device
 
     options.one_of("--task", o.task, TASKS)
+    if ray is not None and ray.ray and o.task == "synthetic":
+        raise SpecdecError("--ray is for --task summarize or transcribe, not synthetic")
     config = _synthetic(o) if o.task == "synthetic" else _task(o)
+    if isinstance(config, TaskConfig) and ray is not None and ray.ray:
+        config.ray = ray
     config.device = resolve_device(o.device)
     config.validate()
     results.check_outputs(out=o.out, csv_path=o.csv, plot_dir=o.plot)

@@ -49,6 +49,8 @@ class TaskRecord:
     encoder_s: float | None = None  # transcribe: the target's encoder (and a draft's own) alone
     target_int8: bool = False  # the target's linears in int8 (transcribe --target-int8)
     peer: str | None = None  # another tool (peers.py), e.g. "faster-whisper"; None: specdec
+    verify_s: float | None = None  # the verification calls' seconds summed over every input (the paper's profiling time)
+    verify_share: float | None = None  # verify_s over the decoding loops' wall_s
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
@@ -58,6 +60,7 @@ class TaskRecord:
     same_as_autoregressive: float | None = None  # share of inputs whose output equals autoregressive's
     pass_ratio: float | None = None  # the target's ms per call here over its one-token step (autoregressive's)
     end_to_end_speedup: float | None = None  # autoregressive's end_to_end_s over this one's (same threads)
+    verify_vs_baseline: float | None = None  # 1 − verify_s / baseline's at the same γ and schedule (paper: Δ% profiling)
 
 
 WARMUP_TOKENS = 8  # new tokens of the untimed warm-up decode of each mode
@@ -126,7 +129,8 @@ def task_record(task: str, contender: Contender, texts: list[str], stats, peak_m
         backend=stats.backend, outputs=list(texts), schedule=contender.schedule,
         rounds_per_gamma=list(stats.rounds_per_gamma), mean_gamma=sum(history) / len(history) if history else None,
         measured=stats.schedule, end_to_end_s=(stages or {}).get("end_to_end_s"),
-        encoder_s=(stages or {}).get("encoder_s"),
+        encoder_s=(stages or {}).get("encoder_s"), verify_s=stats.verify_s if stats.verify_calls else None,
+        verify_share=stats.verify_s / stats.wall_s if stats.verify_calls and stats.wall_s > 0 else None,
     )
 
 
@@ -152,7 +156,11 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
     heuristic) there is no one γ to predict for: α is the schedule's own estimate when it made one.
     """
     ars = {(r.threads, r.target_int8): r for r in records if r.mode == "autoregressive"}
+    baselines = {_point(r): r for r in records if r.mode == "baseline" and r.peer is None}
     for r in records:
+        b = baselines.get(_point(r))
+        if b is not None and r.verify_s is not None and b.verify_s:
+            r.verify_vs_baseline = 1 - r.verify_s / b.verify_s
         # end to end: every contender (a peer too) against specdec's unmodified target alone
         plain = ars.get((r.threads, False))
         if plain is not None and plain.end_to_end_s and r.end_to_end_s:
@@ -189,6 +197,11 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
     return records
 
 
+def _point(r: TaskRecord) -> tuple:
+    """Where two modes are compared: the same setting, schedule and γ."""
+    return r.threads, r.draft, r.target_int8, r.schedule, r.gamma
+
+
 # The task tables' columns (record field, header), three tables narrow enough for 80 columns: speed;
 # acceptance and cost (the inputs of the prediction); memory and quality (its columns are appended per task).
 TASK_SPEED_COLUMNS = (
@@ -205,4 +218,8 @@ TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mod
 TASK_END_TO_END_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("target_int8", "int8 target"),
                            ("end_to_end_s", "e2e s"), ("encoder_s", "encoder s"), ("end_to_end_speedup", "e2e ×"),
                            ("same_as_autoregressive", "= AR"))
-TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS + TASK_QUALITY_COLUMNS))
+# the verification's time over the corpus, its share of decoding, its change against baseline (the paper's Table 1)
+TASK_PROFILING_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("verify_s", "verify s"),
+                          ("verify_share", "share"), ("verify_vs_baseline", "Δ vs base"))
+TASK_COLUMNS = tuple(dict.fromkeys(TASK_SPEED_COLUMNS + TASK_COST_COLUMNS + TASK_QUALITY_COLUMNS
+                                   + TASK_PROFILING_COLUMNS))

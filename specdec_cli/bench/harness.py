@@ -4,6 +4,7 @@ everything its outputs need (results.py).
     config.py      what a run is asked to measure, checked first
     synthetic.py   one verification step per provider, side by side, over V × B × γ; cases.py its inputs
     runners.py     the decoding tasks: inputs, options (the CLI's defaults), one runner for all
+    corpus.py      the same over a corpus on a Ray cluster (--ray: distributed/), from the per-input records
     contenders.py  autoregressive then schedule × γ × mode over the inputs; records, speedups, Leviathan's
                    prediction
     machine.py     the machine, the CPU others took, peak memory
@@ -18,7 +19,7 @@ from dataclasses import asdict
 
 import torch
 
-from specdec_cli.bench import peers, runners
+from specdec_cli.bench import corpus, peers, runners
 from specdec_cli.bench.config import SyntheticConfig, TaskConfig
 from specdec_cli.bench.contenders import Progress, aggregate
 from specdec_cli.bench.machine import machine_info
@@ -38,7 +39,8 @@ def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
             records = run_synthetic(config, progress)
             task = "synthetic"
         else:
-            records = aggregate(runners.run_task(config, progress or (lambda _msg: None)), greedy=config.greedy)
+            run_task = corpus.run_task if config.ray is not None else runners.run_task  # --ray: on a Ray cluster
+            records = aggregate(run_task(config, progress or (lambda _msg: None)), greedy=config.greedy)
             task = config.task
     finally:
         torch.set_num_threads(saved_threads)
@@ -53,6 +55,8 @@ def total_steps(config: SyntheticConfig | TaskConfig) -> int:
     """Units of progress a run reports (grid points; for a task, its contenders at every point of its sweep)."""
     if isinstance(config, SyntheticConfig):
         return len(grid(config))
+    if config.ray is not None:  # one step per input: each decoded by every contender on one actor
+        return len(runners.task_inputs(config)[0])
     settings = runners.task_settings(config)
     targets = len({s.target for s in settings})  # autoregressive: once per (threads, target)
     opts = runners.task_options(config)

@@ -14,6 +14,7 @@ from specdec_cli.bench import plots
 from specdec_cli.bench.contenders import (
     TASK_COST_COLUMNS,
     TASK_END_TO_END_COLUMNS,
+    TASK_PROFILING_COLUMNS,
     TASK_QUALITY_COLUMNS,
     TASK_SPEED_COLUMNS,
 )
@@ -42,6 +43,9 @@ class BenchResults:
         out = [("speed: measured over autoregressive, and predicted from α and c", list(TASK_SPEED_COLUMNS)),
                ("acceptance and cost", list(TASK_COST_COLUMNS)),
                ("memory and quality", list(TASK_QUALITY_COLUMNS) + [(f"quality.{k}", k) for k in keys])]
+        if any(r.verify_s is not None for r in self.records):
+            out.append(("profiling time (the paper's Table 1): the verification summed over every input",
+                        list(TASK_PROFILING_COLUMNS) + [(f"quality.{k}", k) for k in keys[:1]]))
         if any(r.end_to_end_s is not None for r in self.records):
             out.append(("end to end (features, encoder, decoding; load excluded) over the unmodified target alone",
                         list(TASK_END_TO_END_COLUMNS) + [(f"quality.{k}", k) for k in keys]))

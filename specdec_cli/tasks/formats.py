@@ -97,11 +97,13 @@ def plan_outputs(inputs: list[str], out_dir: str | Path | None, fmt: str, skip_e
 
 
 def output_paths(inputs, out_dir: str | Path, fmt: str) -> list[Path]:
-    """One file per input in `out_dir`: the input's stem + "." + fmt; two inputs that would share a file
-    raise SpecdecError."""
+    """One file per input in `out_dir`: the input's stem + "." + fmt; two inputs that would share a file, or an
+    output that is its input, raise SpecdecError."""
     paths = [Path(out_dir) / f"{Path(p).stem}.{fmt}" for p in inputs]
     owner: dict[Path, str] = {}
     for path, src in zip(paths, inputs):
+        if "://" not in src and path.resolve() == Path(src).resolve():
+            raise SpecdecError(f"{src} would be overwritten by its own output: give another --output-dir")
         if path in owner:
             raise SpecdecError(f"{owner[path]} and {src} would both be written to {path}: rename one, or give them "
                                "separate runs with separate --output-dir")

@@ -124,12 +124,13 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
-              options: SummarizeOptions | None = None, *, on_batch=None, on_prefill=None,
+              options: SummarizeOptions | None = None, *, on_batch=None, on_prefill=None, schedule=None,
               **overrides) -> list[Summary]:
     """Summaries of `articles` in input order. target/draft: from load_pair (draft None for autoregressive).
     options: the SummarizeOptions (default: the CLI's defaults), with `overrides` applied (e.g.
     mode="autoregressive", gamma=6). on_batch(done, total) is called after each batch, on_prefill(done, total)
-    while a long prompt is read (progress).
+    while a long prompt is read (progress). schedule: a γ schedule of an earlier call (decoding.make_schedule for
+    these options), to carry what it measured over (one actor of a corpus run); default: a new one.
 
     The draft is fitted to each batch (Draft.fit): a model draft's output layer then scores the frequent ids
     plus the batch's prompt ids (drafts/causal.py). The target runs as decoding.exact_rows makes it (generate) in every
@@ -143,7 +144,7 @@ def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
     eos = eos_ids(target)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
     params = SamplingParams.of(opts)
-    schedule = make_schedule(opts.gamma_schedule, opts.gamma)  # one for the run: what it measured carries over
+    schedule = schedule or make_schedule(opts.gamma_schedule, opts.gamma)  # one for the run: what it measured carries over
     out: list[Summary] = []
     for start in range(0, len(articles), opts.batch_size):
         chunk = slice(start, start + opts.batch_size)

@@ -129,7 +129,7 @@ def check_target(target: LoadedModel, opts: TranscribeOptions) -> None:
         check_timestamps(target)
 
 
-def _setup(target: LoadedModel, draft: Draft | None, opts: TranscribeOptions) -> _Setup:
+def _setup(target: LoadedModel, draft: Draft | None, opts: TranscribeOptions, schedule=None) -> _Setup:
     """Everything checked and built once per call, before any audio reaches the model."""
     if opts.speculative and draft is None:
         raise SpecdecError(f"mode {opts.mode!r} needs a draft model")
@@ -141,7 +141,7 @@ def _setup(target: LoadedModel, draft: Draft | None, opts: TranscribeOptions) ->
     return _Setup(opts, target, draft if opts.speculative else None, ids, vocab,
                   max_new=max(1, min(opts.max_new_tokens, limit)),
                   hook=Suppressor(target, prompt_len, vocab, opts.timestamps), params=SamplingParams.of(opts),
-                  schedule=make_schedule(opts.gamma_schedule, opts.gamma))
+                  schedule=schedule or make_schedule(opts.gamma_schedule, opts.gamma))
 
 
 @dataclass
@@ -197,14 +197,16 @@ def transcribe(
     audios: Sequence[np.ndarray] | None = None,
     on_window: Callable[[int, int], Any] | None = None,
     on_transcript: Callable[[Transcript], Any] | None = None,
+    schedule: Any = None,
     **overrides,
 ) -> list[Transcript]:
     """Transcripts of `inputs` (paths, read with load_audio unless `audios` gives the 16 kHz samples), in input
     order. draft: from load_pair / load_draft, None for mode autoregressive. options: the TranscribeOptions
     (default: the CLI's defaults), with `overrides` applied (e.g. mode="autoregressive"). on_window(done, total)
     after each batch of windows; on_transcript(transcript) as soon as an input's last window is decoded (in
-    input order: e.g. to write its file then)."""
-    setup = _setup(target, draft, (options or TranscribeOptions()).replace(**overrides).validate())
+    input order: e.g. to write its file then). schedule: a γ schedule of an earlier call (decoding.make_schedule for
+    these options), to carry what it measured over (one actor of a corpus run); default: a new one."""
+    setup = _setup(target, draft, (options or TranscribeOptions()).replace(**overrides).validate(), schedule)
     if audios is None:
         audios = [load_audio(p) for p in inputs]
     if len(audios) != len(inputs):
