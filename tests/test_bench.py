@@ -625,10 +625,9 @@ def test_the_test_extra_installs_every_peer():
     """faster-whisper is in the test extra, at the peers extra's pin, so `make test` runs the peer below instead of
     its "not installed" path only; installed here at that version (the test extra was installed)."""
     import importlib.metadata
-    import re
+    import tomllib
 
-    text = (ROOT / "pyproject.toml").read_text()
-    extras = {name: re.findall(r'"([^"]+)"', body) for name, body in re.findall(r"^(\w+) = \[(.*)\]", text, re.M)}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(extras["peers"]) <= set(extras["test"]), (extras["peers"], extras["test"])
     for requirement in extras["peers"]:
         name, version = requirement.split("==")
