@@ -18,10 +18,11 @@ def test_make_gpu_runs_every_section_in_its_tiny_form(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((tmp_path / "gpu.json").read_text())
     sections = report["sections"]
-    assert list(sections) == ["kernels", "graph", "copy", "grid", "loop", "tests"] and report["failed_sections"] == []
+    assert list(sections) == ["plans", "rows", "kernels", "graph", "copy", "grid", "loop", "tests"]
+    assert report["failed_sections"] == [] and sections["plans"]["skipped"] == sections["rows"]["skipped"] == "no CUDA device"
     assert report["tiny"] and sections["kernels"]["passed"] and sections["tests"]["passed"]
     assert all(run["passed"] for run in sections["kernels"]["runs"])
     modes = sections["loop"]["llama"]["modes"]
     assert all(m["same_as_autoregressive"] for m in modes.values()) and modes["exact"]["verify_share_of_step"] > 0
     assert {r["mode"] for r in sections["grid"]["records"]} >= {"baseline", "exact", "sigmoid", "hf"}
-    assert (tmp_path / "synthetic.csv").is_file() and (tmp_path / "log.txt").read_text().count("done in") == 6
+    assert (tmp_path / "synthetic.csv").is_file() and (tmp_path / "log.txt").read_text().count("done in") == 8
