@@ -49,6 +49,7 @@ class TaskRecord:
     encoder_s: float | None = None  # transcribe: the target's encoder (and a draft's own) alone
     target_int8: bool = False  # the target's linears in int8 (transcribe --target-int8)
     peer: str | None = None  # another tool (peers.py), e.g. "faster-whisper"; None: specdec
+    prefill_s: float | None = None  # the prompts' prefill (a peer's: its time to the first token), within wall_s
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
@@ -125,7 +126,7 @@ def task_record(task: str, contender: Contender, texts: list[str], stats, peak_m
         quality=score_quality(task, texts, references) if references else {},
         backend=stats.backend, outputs=list(texts), schedule=contender.schedule,
         rounds_per_gamma=list(stats.rounds_per_gamma), mean_gamma=sum(history) / len(history) if history else None,
-        measured=stats.schedule, end_to_end_s=(stages or {}).get("end_to_end_s"),
+        measured=stats.schedule, end_to_end_s=(stages or {}).get("end_to_end_s"), prefill_s=stats.prefill_s,
         encoder_s=(stages or {}).get("encoder_s"),
     )
 
@@ -199,8 +200,8 @@ TASK_COST_COLUMNS = (
     ("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("mean_gamma", "mean γ"), ("acceptance_rate", "acc"),
     ("alpha", "α"), ("cost_ratio", "c"), ("pass_ratio", "pass"), ("verify_ms_per_call", "verify ms"),
 )
-TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("peak_memory_mib", "peak MiB"),
-                        ("same_as_autoregressive", "= AR"))
+TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("prefill_s", "prefill s"),
+                        ("peak_memory_mib", "peak MiB"), ("same_as_autoregressive", "= AR"))
 # transcribe only (where end_to_end_s is measured): end to end against the unmodified target alone, peers included
 TASK_END_TO_END_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("target_int8", "int8 target"),
                            ("end_to_end_s", "e2e s"), ("encoder_s", "encoder s"), ("end_to_end_speedup", "e2e ×"),

@@ -54,7 +54,7 @@ RUNNERS: dict[str, Runner] = {
 # and "references" (texts) instead of "data".
 # Any other field of the task's options class (e.g. "language") may be given too, by library callers.
 TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "draft_stop", "max_new_tokens", "temperature",
-                "language")
+                "language", "target_quant")
 
 
 def task_options(config) -> options.DecodeOptions:
@@ -201,6 +201,8 @@ def run_peers(config, inputs: list, refs: list[str] | None, threads: int, progre
             continue
         if name == "hf-assisted":
             out += peers.hf_assisted_records(opts, inputs, refs, threads=threads, repeat=config.repeat, progress=progress)
+        elif name == "llama.cpp":
+            out += peers.llama_cpp_records(opts, inputs, refs, threads=threads, repeat=config.repeat, progress=progress)
         else:
             out += peers.faster_whisper_records(opts.target, [audio for _, audio in inputs], refs, threads=threads,
                                                 language=getattr(opts, "language", "auto"),
