@@ -82,6 +82,33 @@ def test_hold_quantizes_every_linear_into_blocks(form, qtype):
     assert not gguf_layers(gone.model)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pass_on_quantized_blocks_gives_the_bits_of_steps(dtype):
+    """The house's exactness property for int4 targets: with exact_rows, every row of a pass over k tokens has the
+    bits of its one-token step (so greedy speculative output is the autoregressive output)."""
+    from transformers import DynamicCache
+
+    from specdec_cli.decoding.exact_rows import exact_rows
+    from specdec_cli.models.loading import LoadedModel
+    from specdec_cli.models.weights import hold
+
+    target, _ = make_pair("llama", hidden=64, layers=3)
+    target = target.to(dtype)
+    hold(LoadedModel(target, None, "tiny", "local", "tiny"), "int4")
+    model = exact_rows(target)
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 38, 4, 6, 2, 6, 4, 3]])
+    for k in (2, 5, 9, 17):
+        with torch.inference_mode():
+            cache = DynamicCache()
+            model(ids[:, :-k], past_key_values=cache, use_cache=True)
+            steps = torch.stack([model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[0, -1]
+                                 for t in range(ids.shape[1] - k, ids.shape[1])])
+            cache = DynamicCache()
+            model(ids[:, :-k], past_key_values=cache, use_cache=True)
+            passed = model(ids[:, -k:], past_key_values=cache, use_cache=True).logits[0]
+        assert torch.equal(steps, passed), f"k={k}"
+
+
 def _summarize(*args):
     return runner.invoke(app, ["summarize", *map(str, args)])
 
