@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PIP     := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench env models-test models-demo data gpu clean
+.PHONY: demo test lint compat bench env models-test models-demo data gpu clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,15 +54,23 @@ lint: $(STAMP)
 bench: models-demo
 	$(BIN)/specdec bench --task synthetic
 
+# The fast tier against other transformers releases, each in its own venv under $(COMPAT_VENVS) (not .venv):
+# one summary line per version, e.g. `make compat TRANSFORMERS="5.6.0 5.24.0"` (see scripts/compat.sh).
+TRANSFORMERS ?= 5.6.0 5.24.0
+COMPAT_VENVS ?= $(HOME)/.cache/specdec-compat
+compat:
+	COMPAT_VENVS=$(COMPAT_VENVS) PY=$(PY) scripts/compat.sh $(TRANSFORMERS)
+
 # On the GPU machine: every GPU check in one run, into $(GPU_OUT) (see specdec_cli/bench/gpu.py and the README).
 # torch, triton, transformers, pip, setuptools and pytest are there; there is no network. specdec_cli is installed
 # from this tree into build/gpu (kernels/ becomes specdec_cli.kernels, as in any install) and run with `python -P`,
 # so the root, with its bare kernels/ folder, stays off sys.path.
 GPU_OUT ?= out/gpu
 GPU_PY  ?= python3
+GPU_BUDGET ?= 540
 gpu:
 	rm -rf build/gpu && $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target build/gpu .
-	PYTHONPATH=$(CURDIR)/build/gpu $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT)
+	PYTHONPATH=$(CURDIR)/build/gpu $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT) --budget $(GPU_BUDGET)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

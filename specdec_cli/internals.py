@@ -2,7 +2,8 @@
 
 Each function here names what it relies on. A transformers or torch upgrade that moves one of them fails
 `check()` (run by tests/test_layout.py) with a line that names it, instead of failing deep inside a run.
-Tested with transformers 5.23 and torch 2.13 (pyproject.toml pins transformers to that range).
+Tested with transformers 5.6–5.24 (the fast tier from 5.0) and torch 2.13 (`make compat`; pyproject.toml's range says which releases);
+where an internal moved within that range, the function says what each release has.
 
 This module imports nothing of specdec, so every layer may use it; torch and transformers are imported
 on use.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 
 # ----------------------------------------------------------------------------------------------------
 # transformers
@@ -32,9 +34,10 @@ def rollback_cache(config):
 
 def crop_cache(cache, remove: int) -> None:
     """Drop the last `remove` slots of a KV cache (0: none), then trim the sliding-window layers back to their
-    window (rollback_cache: they record past it between crops). Relies on: `Cache.crop(n)` with n < 0
-    removing −n tokens (transformers 5 refuses the older positive "final length" form), and a sliding layer's
-    `crop(0)` trimming to the window once `get_seq_length()` reached it (below it, crop(0) would empty it)."""
+    window (rollback_cache: they record past it between crops). Relies on: `Cache.crop(n)` with n < 0 removing −n
+    tokens: `crop(max_length)` in 5.0–5.14 (negative: remove; it also fails on a layer never filled),
+    `crop(tokens_to_remove)` from 5.15 (refuses the positive "final length" form); and a sliding layer's `crop(0)`
+    trimming to the window once `get_seq_length()` reached it (below it, crop(0) would empty it)."""
     if remove > 0:
         cache.crop(-remove)
     for layer in _sliding_layers(cache):
@@ -156,18 +159,38 @@ def gguf_to_hf_names(model) -> dict[str, str]:
     return get_gguf_hf_weights_map(model, processor)
 
 
+def gguf_dequantized():
+    """from_pretrained kwargs that load a GGUF file with every weight unpacked to a plain dense model. Relies on:
+    `GgufConfig(dequantize=True)` from 5.17 (which otherwise keeps the GGUF blocks); 5.0–5.16 have no GgufConfig,
+    always dequantize and refuse any quantization_config beside a gguf_file."""
+    import transformers
+
+    if not hasattr(transformers, "GgufConfig"):
+        return {}
+    return {"quantization_config": transformers.GgufConfig(dequantize=True)}
+
+
 def drop_quantization_config(config) -> None:
     """Forget that a config was loaded from a quantized (GGUF) file, so the dequantized model saves as a
     plain one. Relies on: the attribute living in `config.__dict__`."""
     config.__dict__.pop("quantization_config", None)
 
 
-def speculative_sampling(*args, **kwargs):
+def speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits):
     """transformers' own verification step (`bench --modes hf`). Relies on: `transformers.generation.utils.
-    _speculative_sampling(candidate_input_ids, candidate_logits, γ, new_logits, ...) -> (tokens, n_matches)`."""
-    from transformers.generation.utils import _speculative_sampling
+    _speculative_sampling(candidate_input_ids, candidate_logits, γ, new_logits, ...) -> (tokens, n_matches)`;
+    5.0–5.17 also require `is_done_candidate` (False here: no EOS among the candidates); 5.18 dropped it."""
+    fn, extra = _speculative_sampling()
+    return fn(candidate_input_ids, candidate_logits, candidate_length, new_logits, **extra)
 
-    return _speculative_sampling(*args, **kwargs)
+
+@functools.cache
+def _speculative_sampling():  # looked up once: `bench --modes hf` times each call
+    import inspect
+
+    from transformers.generation.utils import _speculative_sampling as fn
+
+    return fn, {"is_done_candidate": False} if "is_done_candidate" in inspect.signature(fn).parameters else {}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -256,8 +279,8 @@ def check() -> list[str]:
     need("DynamicLayer.lazy_initialization", lambda: hasattr(
         importlib.import_module("transformers.cache_utils").DynamicLayer, "lazy_initialization"))
     need("DynamicCache.layers is a list", lambda: isinstance(importlib.import_module("transformers").DynamicCache().layers, list))
-    need("Cache.crop takes a negative count", lambda: "tokens_to_remove" in inspect.signature(
-        importlib.import_module("transformers.cache_utils").DynamicLayer.crop).parameters)
+    need("Cache.crop takes a negative count", lambda: {"tokens_to_remove", "max_length"} & set(inspect.signature(
+        importlib.import_module("transformers.cache_utils").DynamicLayer.crop).parameters))
     need("transformers.AttentionInterface.register", lambda: hasattr(importlib.import_module("transformers").AttentionInterface, "register"))
     need("PretrainedConfig._attn_implementation", lambda: hasattr(importlib.import_module("transformers").PretrainedConfig(), "_attn_implementation"))
     need("transformers.integrations.sdpa_attention.sdpa_attention_forward",
@@ -268,7 +291,8 @@ def check() -> list[str]:
     need("transformers.modeling_gguf_pytorch_utils.get_gguf_hf_weights_map",
          lambda: all(hasattr(importlib.import_module("transformers.modeling_gguf_pytorch_utils"), n)
                      for n in ("get_gguf_hf_weights_map", "TENSOR_PROCESSORS", "TensorProcessor")))
-    need("transformers.generation.utils._speculative_sampling", attr("transformers.generation.utils", "_speculative_sampling"))
+    need("transformers.generation.utils._speculative_sampling(ids, logits, γ, new_logits)",
+         lambda: inspect.signature(_speculative_sampling()[0]).bind(0, 0, 0, 0, **_speculative_sampling()[1]))
     need("torch.nn.Module._modules / _parameters / _buffers",
          lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), n), dict) for n in ("_modules", "_parameters", "_buffers")))
     need("torch.ops.aten._weight_int8pack_mm", lambda: hasattr(torch.ops.aten, "_weight_int8pack_mm"))

@@ -96,6 +96,8 @@ def make_pair(arch="llama", seed=0, vocab=64, layers=4, keep=2, damp=0.3, hidden
             layer.mlp.down_proj.weight.mul_(damp)
     draft_config = copy.deepcopy(config)
     draft_config.num_hidden_layers = keep
+    if getattr(draft_config, "layer_types", None) is not None:  # as drafts/layers.py cuts it: qwen2 has one per layer
+        draft_config.layer_types = list(draft_config.layer_types[:keep])
     draft = model_cls(draft_config).eval()
     draft.load_state_dict(target.state_dict(), strict=False)
     return target, draft

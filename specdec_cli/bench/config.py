@@ -122,10 +122,11 @@ class SyntheticConfig:
         if self.modes == ["hf"] and 1 not in self.batches:
             raise SpecdecError("--modes hf runs at batch 1 only: add 1 to --batch")
         if "flashinfer" in self.modes:
-            import importlib.util
+            from specdec_cli.bench import flashinfer_peer
 
-            if self.device != "cuda" or importlib.util.find_spec("flashinfer") is None:
-                raise SpecdecError("--modes flashinfer needs a CUDA device and FlashInfer (pip install flashinfer-python)")
+            if self.device != "cuda" or flashinfer_peer.source() is None:
+                raise SpecdecError("--modes flashinfer needs a CUDA device and FlashInfer (pip install flashinfer-python, "
+                                   f"or its kernel built by scripts/build_flashinfer_chain.sh, named by {flashinfer_peer.LIB_ENV})")
         options.one_of("--dtype", options.dtype_name(self.dtype), SYNTHETIC_DTYPES)
         _check_run(self.repeat, self.threads, self.backend, self.alpha, self.beta)
         if not 0.0 < self.overlap <= 1.0:

@@ -172,17 +172,18 @@ def copy_bandwidth(run: Run) -> dict:
 
 
 def grid(run: Run) -> dict:
-    from specdec_cli.bench import harness, results
+    from specdec_cli.bench import flashinfer_peer, harness, results
     from specdec_cli.bench.config import SyntheticConfig
 
     modes = ["baseline", "exact", "sigmoid", "hf"]
-    if run.device == "cuda" and importlib.util.find_spec("flashinfer") is not None:
+    run.report["flashinfer"] = flashinfer_peer.source()
+    if run.device == "cuda" and flashinfer_peer.source() is not None:
         modes.append("flashinfer")
     if run.tiny:
         config = SyntheticConfig([1000, 5003], [1, 5], [1, 4], modes, device=run.device, repeat=3)
     else:
-        config = SyntheticConfig([32000, 51865, 151936, 262144], [1, 5, 10, 20], [1, 8, 64], modes, device=run.device,
-                                 dtype="bfloat16", repeat=30)
+        config = SyntheticConfig([32000, 51865, 151936, 262144], [1, 3, 5, 10, 20], [1, 8, 64], modes, device=run.device,
+                                 dtype="bfloat16", repeat=20)
     config.validate()
     measured = harness.run(config, progress=lambda label: run.log(f"grid {label}"))
     plots = run.out if importlib.util.find_spec("matplotlib") is not None else None

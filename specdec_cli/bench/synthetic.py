@@ -171,13 +171,12 @@ def _providers(modes, case, pool, config, sink: dict[str, list]) -> dict[str, Ca
         return step
 
     def step_flashinfer():
-        from flashinfer.sampling import chain_speculative_sampling
+        from specdec_cli.bench.flashinfer_peer import chain_speculative_sampling
 
         calls = sink["flashinfer"]
 
         def step():  # FlashInfer takes probabilities: the target's softmax is part of its step
-            out = chain_speculative_sampling(probs, tokens, torch.softmax(target.float(), dim=-1))
-            out = out[0] if isinstance(out, tuple) else out  # [B, γ+1], −1 padded
+            out = chain_speculative_sampling(probs, tokens, torch.softmax(target.float(), dim=-1))  # [B, γ+1], −1 padded
             calls.append((out != -1).sum(dim=1) - 1)
             return out
 

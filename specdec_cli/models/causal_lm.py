@@ -210,7 +210,7 @@ def _gguf_progress(enabled: bool, title: str):
 
 def _dequantize_gguf(gguf: Path, dtype: torch.dtype, title: str, progress: bool) -> tuple[Any, Any]:
     """Load a GGUF file with every weight unpacked to `dtype` (slow: 10–50 s for the embedded models)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _gguf_progress(progress, title) as say:
         say("reading the tokenizer")
@@ -220,7 +220,7 @@ def _dequantize_gguf(gguf: Path, dtype: torch.dtype, title: str, progress: bool)
             gguf.parent,
             gguf_file=gguf.name,
             dtype=dtype,
-            quantization_config=GgufConfig(dequantize=True),
+            **internals.gguf_dequantized(),
         )
     return model, tokenizer
 
