@@ -345,11 +345,11 @@ class BenchOptions:
                                      "off,on to compare.")
     target_quant: str | None = option(None, _task_help("target_quant", "summarize: how the models' weights are held"))
     peers: str | None = option(None, "Other tools run beside, on the same inputs and threads, comma-separated: "
-                               "faster-whisper (transcribe; pip install 'specdec-cli[peers]'; float32 and int8, fed the "
+                               "faster-whisper (transcribe; pip install 'specdec-cli\\[peers]'; float32 and int8, fed the "
                                "embedded Whisper's CTranslate2 files); hf-assisted (summarize; transformers' generate() "
                                "with the draft as assistant_model, and with prompt_lookup_num_tokens); llama.cpp "
                                "(summarize; llama-cpp-python on the target's GGUF, greedy, built from source: "
-                               "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'specdec-cli[llama-cpp]'). One that is not "
+                               "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'specdec-cli\\[llama-cpp]'). One that is not "
                                "installed is skipped with one line.")
     draft_stop: float | None = option(None, _task_help("draft_stop"))
     max_new_tokens: int | None = option(None, _task_help("max_new_tokens", "new tokens per input (transcribe: per "
