@@ -299,6 +299,8 @@ def test_llama_cpp_peer_on_smollm2s_gguf(cache_env, tmp_path):
     ar, peer = records["autoregressive"], records["llama.cpp"]
     assert peer["peer"] == "llama.cpp" and peer["threads"] == 1 and len(peer["outputs"]) == 2
     assert all(peer["outputs"]) and 0 < peer["prefill_s"] < peer["wall_s"] and peer["target_ms_per_forward"] > 0
+    for x in (ar, peer):  # each article's own wall, to compare article by article
+        assert len(x["input_wall_s"]) == 2 and sum(x["input_wall_s"]) == pytest.approx(x["wall_s"])
     assert peer["tokens_per_s"] == pytest.approx(peer["new_tokens"] / peer["wall_s"])
     assert peer["speedup"] == pytest.approx(peer["tokens_per_s"] / ar["tokens_per_s"])
     assert peer["same_as_autoregressive"] in (0.0, 0.5, 1.0)

@@ -50,6 +50,7 @@ class TaskRecord:
     target_int8: bool = False  # the target's linears in int8 (transcribe --target-int8)
     peer: str | None = None  # another tool (peers.py), e.g. "faster-whisper"; None: specdec
     prefill_s: float | None = None  # the prompts' prefill (a peer's: its time to the first token), within wall_s
+    input_wall_s: list[float] = field(default_factory=list)  # each input's share of wall_s, in input order (batch 1)
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
@@ -127,7 +128,7 @@ def task_record(task: str, contender: Contender, texts: list[str], stats, peak_m
         backend=stats.backend, outputs=list(texts), schedule=contender.schedule,
         rounds_per_gamma=list(stats.rounds_per_gamma), mean_gamma=sum(history) / len(history) if history else None,
         measured=stats.schedule, end_to_end_s=(stages or {}).get("end_to_end_s"), prefill_s=stats.prefill_s,
-        encoder_s=(stages or {}).get("encoder_s"),
+        encoder_s=(stages or {}).get("encoder_s"), input_wall_s=list((stages or {}).get("input_wall_s", [])),
     )
 
 

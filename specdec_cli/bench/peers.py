@@ -251,7 +251,7 @@ def llama_cpp_records(opts, articles: list, references: list[str] | None, *, thr
         verify_ms_per_call=None, draft_ms_per_forward=None,
         target_ms_per_forward=1e3 * (wall - prefill) / (tokens - len(runs)) if tokens > len(runs) else None,
         peak_memory_mib=mib, quality=score_quality("summarize", texts, references) if references else {},
-        outputs=texts, threads=threads, peer="llama.cpp", prefill_s=prefill)
+        outputs=texts, threads=threads, peer="llama.cpp", prefill_s=prefill, input_wall_s=[r[2] for r in runs])
     if progress:
         progress("llama.cpp")
     return [record]
