@@ -141,10 +141,14 @@ def test_a_quantized_safetensors_target_speculates_exactly(tiny_llama_dir, artic
     assert r.exit_code == 0 and json.loads(r.stdout)["weights"] == {"target": "none", "draft": "none"}  # gguf: as is
 
 
-def test_target_quant_is_checked_in_one_line(tiny_llama_dir, article):
+def test_target_quant_is_checked_in_one_line(tiny_llama_dir, article, tmp_path):
     r = _summarize(article, "--target", tiny_llama_dir, "--target-quant", "int3")
     assert r.exit_code == 2 and "--target-quant must be one of gguf, none, int8, int4" in r.output
     assert len(r.output.strip().splitlines()) == 1
+    for args, line in ((["--task", "summarize", "--target-quant", "int3"], "--target-quant must be one of gguf, none"),
+                       (["--task", "transcribe", "--target-quant", "int8"], "--target-quant is for --task summarize")):
+        r = runner.invoke(app, ["bench", *args, "--data", str(tmp_path)])  # checked before the (empty) data is
+        assert r.exit_code == 2 and line in r.output and len(r.output.strip().splitlines()) == 1, r.output
 
 
 # ----------------------------------------------------------------------------------------------------------------
