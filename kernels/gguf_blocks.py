@@ -164,3 +164,52 @@ def random_blocks(qtype, N: int, K: int, seed: int = 0, scale: float = 0.02) -> 
         if name in ("q4_1", "q5_1"):
             put_f16(2, -(0.5 + torch.rand(shape, generator=g)) * scale)
     return b.reshape(N, K // B * nb)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Quantizing a float weight into blocks (--target-quant int8 | int4 for a model that has no GGUF): llama.cpp's
+# reference quantizers (ggml-quants.c, as gguf.quants writes them in numpy), bit for bit.
+
+QUANTIZABLE = ("q8_0", "q4_1")
+
+
+def _roundf(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf (halves away from zero), as gguf.quants.np_roundf computes it in fp32."""
+    a = x.abs()
+    floored = torch.floor(a)
+    return torch.sign(x) * (floored + torch.floor(2 * (a - floored)))
+
+
+def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
+    """[...] fp32 -> [..., 2] uint8 (little-endian fp16)."""
+    return v.to(torch.float16).contiguous().view(torch.uint8).reshape(*v.shape, 2)
+
+
+def _quantize_rows(name: str, w: torch.Tensor) -> torch.Tensor:
+    """w [n, K] fp32 -> [n, K / 32, block bytes] uint8."""
+    n, K = w.shape
+    b = w.reshape(n, K // 32, 32)
+    if name == "q8_0":
+        d = b.abs().amax(-1, keepdim=True) / 127
+        inv = torch.where(d == 0, torch.zeros(()), 1 / d)
+        q = _roundf(b * inv).to(torch.int8).view(torch.uint8)
+        return torch.cat([_f16_bytes(d.squeeze(-1)), q], -1)
+    hi, lo = b.amax(-1, keepdim=True), b.amin(-1, keepdim=True)
+    d = (hi - lo) / 15
+    inv = torch.where(d == 0, torch.zeros(()), 1 / d)
+    q = torch.trunc((b - lo) * inv + 0.5).to(torch.uint8).clamp_(0, 15)  # [n, g, 32]
+    qs = q[..., :16] | (q[..., 16:] << 4)
+    return torch.cat([_f16_bytes(d.squeeze(-1)), _f16_bytes(lo.squeeze(-1)), qs], -1)
+
+
+def quantize(qtype, w: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """A float weight [N, K] (K a multiple of 32) in blocks of `qtype` (q8_0: int8 and one fp16 scale per 32 weights;
+    q4_1: four bits, one fp16 scale and minimum per 32) -> [N, row_bytes] uint8, the bytes llama.cpp would write."""
+    name = type_name(qtype)
+    if name not in QUANTIZABLE:
+        raise KeyError(f"{name}: only {', '.join(QUANTIZABLE)} are quantized here")
+    N, K = w.shape
+    row_bytes(name, K)  # K % 32
+    out = [_quantize_rows(name, w[n0:n0 + chunk].detach().float()).reshape(min(chunk, N - n0), -1)
+           for n0 in range(0, N, chunk)]
+    return torch.cat(out) if out else torch.empty(0, row_bytes(name, K), dtype=torch.uint8)

@@ -306,9 +306,10 @@ def cache_verify(keys: Annotated[list[str] | None, typer.Argument(help="Entries 
 @handle_errors
 def cache_clear(
     keys: Annotated[list[str] | None, typer.Argument(help="Entries to delete.")] = None,
-    all_entries: Annotated[bool, typer.Option("--all", help="Delete every entry.")] = False,
+    all_entries: Annotated[bool, typer.Option("--all", help="Delete every entry, and the kernels built at first use.")] = False,
 ):
-    """Delete cached models (they are rebuilt from their packages when next needed).
+    """Delete cached models (they are rebuilt from their packages when next needed); --all also the GGUF
+    matmul kernel compiled at first use (rebuilt by the next run that needs it).
 
     [bold]Examples[/]
 
@@ -323,6 +324,8 @@ def cache_clear(
     for e in cache.entries() if all_entries else _cache_entries(keys):
         cache.remove_entry(e.key)
         render.note(f"deleted {e.path} ({cache.human(e.size)})")
+    if all_entries and cache.kernels_dir().is_dir():
+        render.note(f"deleted {cache.kernels_dir()} ({cache.human(cache.remove_kernels())}: built kernels)")
 
 
 def _cache_entries(keys):

@@ -30,6 +30,7 @@ GAMMA_SCHEDULES = ("auto", "constant", "heuristic")  # decoding/schedule.py
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bf16 on CUDA and on CPUs that have it in hardware
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 WHISPER_TASKS = ("transcribe", "translate")
+TARGET_QUANTS = ("gguf", "none", "int8", "int4")  # summarize --target-quant (models/weights.py)
 OUTPUT_FORMATS = ("txt", "srt", "vtt", "json", "tsv")  # transcribe --output-format (tasks/formats.py)
 TIMED_FORMATS = ("srt", "vtt", "tsv")  # formats made of timed segments: they turn --timestamps on
 MAX_GAMMA = 32  # γ above this never paid in any measurement, and the Triton kernels are planned up to it
@@ -197,8 +198,15 @@ class SummarizeOptions(DecodeOptions):
     gamma_schedule: str = "auto"
     draft_vocab: int = 32768
     draft_stop: float = 0.4
-    draft_quantized: bool = option(True, f"Give the draft int8 weights (CPU only): {_DRAFT_CHEAPER}.",
+    draft_quantized: bool = option(True, f"Give the draft int8 weights (CPU only) where they are not quantized "
+                                   f"already (a draft on GGUF blocks keeps them): {_DRAFT_CHEAPER}.",
                                    flag="--draft-int8/--no-draft-int8")  # drafts/int8.py
+    # how the target's and a draft model's weights are held (models/weights.py): a GGUF's own blocks by default on a
+    # CPU (kernels/qmatmul: 2.5-3.6x bf16's step, rows of a pass computed as steps are), dequantized on CUDA
+    target_quant: str = option("gguf", "How the target's (and a draft model's) weights are held on a CPU: gguf (a "
+                               "GGUF runs on its own blocks, exactly as the file means them; other models as they "
+                               "are) | none (dequantized to --dtype, as on CUDA) | int8 | int4 (a safetensors model "
+                               "quantized weight-only per group of 32 to Q8_0 / Q4_1 blocks: a different model).")
     truncate: bool = option(False, "Cut articles too long for the model's context instead of refusing them, to "
                             "--max-input-tokens.")
     # with --truncate, the prompt tokens kept: the embedded pair reads 2048 tokens in ~46 s on 2 cores (an AMD
@@ -209,6 +217,7 @@ class SummarizeOptions(DecodeOptions):
     def validate(self):
         super().validate()
         at_least("--max-input-tokens", self.max_input_tokens, 16)
+        one_of("--target-quant", self.target_quant, TARGET_QUANTS)
         return self
 
 
@@ -368,10 +377,13 @@ class BenchOptions:
     target_int8: str | None = option(None, "transcribe: the target's weights: off (the default: the model itself), on "
                                      "(int8 decoder linears and output layer, as specdec transcribe --target-int8), or "
                                      "off,on to compare.")
+    target_quant: str | None = option(None, _task_help("target_quant", "summarize: how the models' weights are held"))
     peers: str | None = option(None, "Other tools run beside, on the same inputs and threads, comma-separated: "
-                               "faster-whisper (transcribe; pip install 'specdec-cli[peers]'; float32 and int8, fed the "
+                               "faster-whisper (transcribe; pip install 'specdec-cli\\[peers]'; float32 and int8, fed the "
                                "embedded Whisper's CTranslate2 files); hf-assisted (summarize; transformers' generate() "
-                               "with the draft as assistant_model, and with prompt_lookup_num_tokens). One that is not "
+                               "with the draft as assistant_model, and with prompt_lookup_num_tokens); llama.cpp "
+                               "(summarize; llama-cpp-python on the target's GGUF, greedy, built from source: "
+                               "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'specdec-cli\\[llama-cpp]'). One that is not "
                                "installed is skipped with one line.")
     draft_stop: float | None = option(None, _task_help("draft_stop"))
     max_new_tokens: int | None = option(None, _task_help("max_new_tokens", "new tokens per input (transcribe: per "

@@ -168,6 +168,7 @@ def result_json(result, device: str) -> dict:
         "backend": stats.get("backend") or "torch",
         "device": device,
         "finish_reason": result.finish_reason,
+        **({"weights": result.weights} if getattr(result, "weights", None) else {}),
         "stats": {k: stats.get(k) for k in STAT_FIELDS} | {k: v for k, v in stats.items() if k not in STAT_FIELDS},
     }
 

@@ -385,6 +385,8 @@ def test_summarize_arithmetic(summarize_run):
     for x in results:
         assert x["tokens_per_s"] == pytest.approx(x["new_tokens"] / x["wall_s"])
         assert 0 < x["new_tokens"] <= 12 * len(ARTICLES)
+        # batch 1: one wall per article, in input order, adding up to the record's
+        assert len(x["input_wall_s"]) == len(ARTICLES) and sum(x["input_wall_s"]) == pytest.approx(x["wall_s"])
         assert x["peak_memory_mib"] is None or x["peak_memory_mib"] > 0
     for x in results[1:]:
         g = x["gamma"]

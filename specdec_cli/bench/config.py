@@ -208,6 +208,8 @@ class TaskConfig:
             raise SpecdecError(f"--language is for --task transcribe, not {self.task}")
         if self.target_int8 and any(self.target_int8) and self.task != "transcribe":
             raise SpecdecError(f"--target-int8 is for --task transcribe, not {self.task}")
+        if self.options.get("target_quant") is not None and self.task != "summarize":
+            raise SpecdecError(f"--target-quant is for --task summarize, not {self.task} (transcribe: --target-int8)")
         if self.options.get("limit") is not None:
             options.at_least("--limit", self.options["limit"], 1)
         for t in self.threads or [None]:
@@ -285,7 +287,8 @@ def build(o: options.BenchOptions, ray: options.RayOptions | None = None) -> Syn
 
 
 _TASK_ONLY = ("data", "limit", "target", "draft", "draft_stop", "max_new_tokens", "temperature", "language",
-              "draft_vocab", "draft_quantized", "gamma_schedule", "target_int8", "peers")  # BenchOptions a task reads
+              "draft_vocab", "draft_quantized", "gamma_schedule", "target_int8", "peers",
+              "target_quant")  # BenchOptions a task reads
 
 
 def _synthetic(o: options.BenchOptions) -> SyntheticConfig:

@@ -51,6 +51,8 @@ class TaskRecord:
     peer: str | None = None  # another tool (peers.py), e.g. "faster-whisper"; None: specdec
     verify_s: float | None = None  # the verification calls' seconds summed over every input (the paper's profiling time)
     verify_share: float | None = None  # verify_s over the decoding loops' wall_s
+    prefill_s: float | None = None  # the prompts' prefill (a peer's: its time to the first token), within wall_s
+    input_wall_s: list[float] = field(default_factory=list)  # each input's share of wall_s, in input order (batch 1)
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call
@@ -128,8 +130,9 @@ def task_record(task: str, contender: Contender, texts: list[str], stats, peak_m
         quality=score_quality(task, texts, references) if references else {},
         backend=stats.backend, outputs=list(texts), schedule=contender.schedule,
         rounds_per_gamma=list(stats.rounds_per_gamma), mean_gamma=sum(history) / len(history) if history else None,
-        measured=stats.schedule, end_to_end_s=(stages or {}).get("end_to_end_s"),
-        encoder_s=(stages or {}).get("encoder_s"), verify_s=stats.verify_s if stats.verify_calls else None,
+        measured=stats.schedule, end_to_end_s=(stages or {}).get("end_to_end_s"), prefill_s=stats.prefill_s,
+        encoder_s=(stages or {}).get("encoder_s"), input_wall_s=list((stages or {}).get("input_wall_s", [])),
+        verify_s=stats.verify_s if stats.verify_calls else None,
         verify_share=stats.verify_s / stats.wall_s if stats.verify_calls and stats.wall_s > 0 else None,
     )
 
@@ -212,6 +215,7 @@ TASK_COST_COLUMNS = (
     ("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("mean_gamma", "mean γ"), ("acceptance_rate", "acc"),
     ("alpha", "α"), ("cost_ratio", "c"), ("pass_ratio", "pass"), ("verify_ms_per_call", "verify ms"),
 )
+# prefill_s and input_wall_s are in the JSON and CSV only: another column cuts a peer's name at 80 columns
 TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("peak_memory_mib", "peak MiB"),
                         ("same_as_autoregressive", "= AR"))
 # transcribe only (where end_to_end_s is measured): end to end against the unmodified target alone, peers included

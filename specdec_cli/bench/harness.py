@@ -42,6 +42,10 @@ def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
             run_task = corpus.run_task if config.ray is not None else runners.run_task  # --ray: on a Ray cluster
             records = aggregate(run_task(config, progress or (lambda _msg: None)), greedy=config.greedy)
             task = config.task
+            if task == "summarize":  # the GGUF matmul's path (models/weights.py: the default on a CPU)
+                from specdec_cli.kernels import qmatmul
+
+                machine["qmatmul"] = qmatmul.backend_line()
     finally:
         torch.set_num_threads(saved_threads)
     warnings = list(warnings or [])

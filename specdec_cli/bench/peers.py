@@ -15,6 +15,13 @@ thread count:
                     prompt_lookup_num_tokens (its prompt lookup). Greedy, batch 1, the same EOS and
                     max_new_tokens. Its time covers the prefill and the decoding, as specdec's wall_s does, so
                     it gets a tokens/s speedup over the target alone.
+    llama.cpp       (summarize) llama-cpp-python on the target's own GGUF file (the embedded one joined in the
+                    cache, or the .gguf given), fed the very prompt tokens specdec decodes (its chat template),
+                    greedy (temperature 0: argmax, no penalties), the same EOS, max_new_tokens and threads
+                    (n_threads = n_threads_batch). Its time covers the prefill and the decoding, as wall_s does;
+                    prefill_s is its time to the first token, target_ms_per_forward its ms per token after it. An
+                    optional extra built from source (LLAMA_INSTALL); skipped with one line when it is not
+                    installed or the target has no GGUF.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from specdec_cli.bench.machine import PeakMemory
 from specdec_cli.drafts import model_draft, spec
 from specdec_cli.models.causal_lm import eos_ids
 
+INSTALL = "pip install 'specdec-cli[peers]'"
+
 
 @dataclass(frozen=True)
 class Peer:
@@ -39,12 +48,17 @@ class Peer:
     module: str  # what must import
     variants: tuple[str, ...]  # one record each: faster-whisper's compute types, hf-assisted's drafts
     embedded_only: bool = False  # reads only an embedded target
+    gguf_only: bool = False  # reads only a target that is a GGUF (models.causal_lm.gguf_file)
+    install: str = INSTALL  # how to get it, in the line that says it is missing
 
 
+# llama-cpp-python has CPU wheels for no machine here: it builds llama.cpp from source (cmake, a C++ compiler)
+LLAMA_INSTALL = ("CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'specdec-cli[llama-cpp]' (llama-cpp-python 0.3.36, built "
+                 "from source: ~25 min on 2 cores)")
 PEERS = {"faster-whisper": Peer("faster-whisper", "transcribe", "faster_whisper", ("float32", "int8"), embedded_only=True),
-         "hf-assisted": Peer("hf-assisted", "summarize", "transformers", ("draft", "prompt lookup"))}
+         "hf-assisted": Peer("hf-assisted", "summarize", "transformers", ("draft", "prompt lookup")),
+         "llama.cpp": Peer("llama.cpp", "summarize", "llama_cpp", ("greedy",), gguf_only=True, install=LLAMA_INSTALL)}
 PROMPT_LOOKUP_TOKENS = 10  # hf-assisted's n-gram lookup: the value transformers' documentation uses
-INSTALL = "pip install 'specdec-cli[peers]'"
 WARMUP_SECONDS = 5  # the untimed first call: the first seconds of the first clip
 
 
@@ -62,10 +76,23 @@ def skipped(name: str, target: str = "embedded") -> str | None:
     try:
         __import__(peer.module)
     except ImportError:
-        return f"--peers {name}: {peer.module} is not installed ({INSTALL}): its contenders are skipped"
+        return f"--peers {name}: {peer.module} is not installed ({peer.install}): its contenders are skipped"
     if peer.embedded_only and _embedded_name(target) is None:
         return f"--peers {name}: runs only on an embedded target (got {target!r}): its contenders are skipped"
+    if peer.gguf_only and _gguf_of(target) is None:
+        return f"--peers {name}: runs only on a GGUF target (got {target!r}): its contenders are skipped"
     return None
+
+
+def _gguf_of(target: str):
+    """The GGUF file of a summarize target (the embedded one joined once into the cache), or None."""
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.models.causal_lm import gguf_file
+
+    try:
+        return gguf_file(target, "target", progress=False)
+    except SpecdecError:
+        return None
 
 
 def _embedded_name(target: str) -> str | None:
@@ -178,6 +205,56 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
         if progress:
             progress(f"hf-assisted {name}")
     return records
+
+
+def llama_cpp_records(opts, articles: list, references: list[str] | None, *, threads: int, repeat: int = 1,
+                      progress: Progress | None = None) -> list[TaskRecord]:
+    """One TaskRecord: llama.cpp over every article (the module docstring), the fastest of `repeat` passes after an
+    untimed two-token call. opts: the run's SummarizeOptions (target, max_new_tokens, truncation)."""
+    from llama_cpp import Llama
+
+    from specdec_cli.models.causal_lm import load_causal_lm
+    from specdec_cli.tasks import summarize as task
+
+    loaded = load_causal_lm(opts.target, dtype=opts.dtype, progress=False)  # its tokenizer and context: the prompts
+    tok, eos = loaded.tokenizer, eos_ids(loaded)
+    prompts = task.encode(tok, loaded.model, articles, opts.max_new_tokens, opts.truncate, opts.max_input_tokens)
+    del loaded
+    llm = Llama(model_path=str(_gguf_of(opts.target)), n_ctx=max(map(len, prompts)) + opts.max_new_tokens + 8,
+                n_threads=threads, n_threads_batch=threads, verbose=False)
+
+    def run(ids: list[int], new_tokens: int) -> tuple[list[int], float, float]:
+        """(new tokens through the first EOS, seconds to the first token, seconds in all)."""
+        llm.reset()  # no KV cache reused from the call before: every prompt is read whole
+        out, first, t0 = [], 0.0, time.perf_counter()
+        for t in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+            first = first or time.perf_counter() - t0
+            out.append(int(t))
+            if t in eos or len(out) >= new_tokens:
+                break  # the generator evaluates a token only when asked for the next: nothing more is computed
+        return out, first, time.perf_counter() - t0
+
+    run(prompts[0], 2)  # untimed: first calls
+    best = None
+    for _ in range(repeat):
+        with PeakMemory("cpu") as peak:
+            runs = [run(ids, opts.max_new_tokens) for ids in prompts]
+        if best is None or sum(r[2] for r in runs) < sum(r[2] for r in best[0]):
+            best = (runs, peak.mib)
+    runs, mib = best
+    wall, prefill = sum(r[2] for r in runs), sum(r[1] for r in runs)
+    tokens = sum(len(r[0]) for r in runs)
+    texts = [task.summary_text(tok, r[0], eos) for r in runs]
+    record = TaskRecord(
+        task="summarize", gamma=0, mode="llama.cpp", new_tokens=tokens, wall_s=wall,
+        tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
+        verify_ms_per_call=None, draft_ms_per_forward=None,
+        target_ms_per_forward=1e3 * (wall - prefill) / (tokens - len(runs)) if tokens > len(runs) else None,
+        peak_memory_mib=mib, quality=score_quality("summarize", texts, references) if references else {},
+        outputs=texts, threads=threads, peer="llama.cpp", prefill_s=prefill, input_wall_s=[r[2] for r in runs])
+    if progress:
+        progress("llama.cpp")
+    return [record]
 
 
 @contextlib.contextmanager

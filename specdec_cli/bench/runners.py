@@ -54,7 +54,7 @@ RUNNERS: dict[str, Runner] = {
 # and "references" (texts) instead of "data".
 # Any other field of the task's options class (e.g. "language") may be given too, by library callers.
 TASK_OPTIONS = ("data", "limit", "target", "draft", "draft_vocab", "draft_stop", "max_new_tokens", "temperature",
-                "language")
+                "language", "target_quant")
 
 
 def task_options(config) -> options.DecodeOptions:
@@ -184,11 +184,12 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
 
 
 def stages(stats: list) -> dict:
-    """{"end_to_end_s", "encoder_s"} summed over a task's per-input stats where it times them (transcribe's
-    TranscribeStats: total_s, encoder_s), else {}."""
-    if not stats or not all(hasattr(s, "total_s") for s in stats):
-        return {}
-    return {"end_to_end_s": sum(s.total_s for s in stats), "encoder_s": sum(s.encoder_s for s in stats)}
+    """{"input_wall_s": each batch's wall_s (one per input at batch 1)}, and {"end_to_end_s", "encoder_s"} summed
+    over a task's per-input stats where it times them (transcribe's TranscribeStats: total_s, encoder_s)."""
+    out: dict = {"input_wall_s": [s.wall_s for s in stats]}
+    if stats and all(hasattr(s, "total_s") for s in stats):
+        out.update(end_to_end_s=sum(s.total_s for s in stats), encoder_s=sum(s.encoder_s for s in stats))
+    return out
 
 
 def run_peers(config, inputs: list, refs: list[str] | None, threads: int, progress: Progress) -> list[TaskRecord]:
@@ -201,6 +202,8 @@ def run_peers(config, inputs: list, refs: list[str] | None, threads: int, progre
             continue
         if name == "hf-assisted":
             out += peers.hf_assisted_records(opts, inputs, refs, threads=threads, repeat=config.repeat, progress=progress)
+        elif name == "llama.cpp":
+            out += peers.llama_cpp_records(opts, inputs, refs, threads=threads, repeat=config.repeat, progress=progress)
         else:
             out += peers.faster_whisper_records(opts.target, [audio for _, audio in inputs], refs, threads=threads,
                                                 language=getattr(opts, "language", "auto"),

@@ -26,6 +26,7 @@ from specdec_cli.errors import SpecdecError
 from specdec_cli.models import LoadedModel, load_model, resolve_device
 from specdec_cli.models.causal_lm import CAUSAL_LM
 from specdec_cli.models.loading import Family
+from specdec_cli.models.weights import hold
 from specdec_cli.models.whisper import WHISPER
 
 
@@ -72,10 +73,13 @@ def check_mode(opts: options.DecodeOptions) -> None:
 
 def load_pair(opts: options.DecodeOptions, family: Family, *, progress: bool = True) -> tuple[LoadedModel, Draft | None]:
     """(target, draft) for `opts` (target, draft, mode, dtype, device and the draft options); the draft is
-    None for autoregressive."""
+    None for autoregressive. A causal LM target is held as --target-quant says (models/weights.py) before its
+    draft is built: self:K then shares its layers as they are held."""
     check_mode(opts)
     target = load_model(opts.target, family, role="target", dtype=opts.dtype, device=resolve_device(opts.device),
                         progress=progress)
+    if family is CAUSAL_LM:
+        hold(target, getattr(opts, "target_quant", "none"), "target", progress)
     if not opts.speculative:
         return target, None
     return target, build(opts.draft, target, family, opts, progress=progress)

@@ -2,7 +2,8 @@
 drafts/layers.py), made cheaper for each batch without changing the output:
 
     - an output layer over the `head_size` most frequent ids, the batch's prompt ids and EOS (subset_head.py);
-    - int8 weights on a CPU (int8.py).
+    - int8 weights on a CPU (int8.py) for the layers not on GGUF blocks (models/weights.py: those are 4-8 bits
+      already and stay as they are).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.models import LoadedModel, load_compatible
 from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
+from specdec_cli.models.weights import hold
 from specdec_cli.options import DecodeOptions
 
 
@@ -46,6 +48,8 @@ def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOpti
 
 
 def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: bool = True) -> CausalDraft:
-    """Another causal LM, read in the target's dtype and on its device, checked against the target."""
+    """Another causal LM, read in the target's dtype and on its device, checked against the target, its weights held
+    as the target's are (--target-quant: a GGUF draft on its own blocks by default on a CPU)."""
     loaded, vocab = load_compatible(draft_spec, target, CAUSAL_LM, progress=progress)
+    hold(loaded, getattr(opts, "target_quant", "none"), "draft", progress)
     return adopt(loaded, target, vocab, opts)

@@ -67,7 +67,7 @@ def self_draft(target: LoadedModel, k: int) -> LoadedModel:
             raise SpecdecError(f"self:{k}: layer {i} of {type(model).__name__} has layer_idx {idx}")
 
     return LoadedModel(draft_model, target.tokenizer, f"{target.name} (first {k} of {n} layers)", "self", f"self:{k}",
-                       target.path, target.cached, 0.0)
+                       target.path, target.cached, 0.0, weights=target.weights)
 
 
 def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: bool = True) -> causal.CausalDraft:

@@ -24,13 +24,20 @@ class SubsetHead(nn.Module):
     h [..., d] → logits [..., V], V = the full head's size, so everything downstream is unchanged.
     `weight` / `bias` stay the full head's (shared, not copied), so the model's vocabulary size still
     reads right; the rows it scores are copied once into `proj`, an nn.Linear d → N (which int8.py
-    can quantize like any other layer).
+    can quantize like any other layer). A head on GGUF blocks (`source`: a layer with `rows(ids)`, its weight a
+    meta tensor) gives `proj` as its own rows' blocks instead, and is kept to restrict again.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, keep: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, keep: torch.Tensor,
+                 source: nn.Module | None = None):
         super().__init__()
         self.weight, self.bias = weight, bias  # [V, d], [V]: the full head's
-        self.register_buffer("keep", torch.unique(keep.to(torch.int64)).to(weight.device), persistent=False)  # [N]
+        device = torch.device("cpu") if weight.is_meta else weight.device
+        self.register_buffer("keep", torch.unique(keep.to(torch.int64)).to(device), persistent=False)  # [N]
+        object.__setattr__(self, "source", source)  # not a submodule: int8.py must not quantize the full head
+        if source is not None:
+            self.proj = source.rows(self.keep)  # type: ignore[operator]
+            return
         self.proj = nn.utils.skip_init(nn.Linear, weight.shape[1], len(self.keep), bias=bias is not None,
                                        device=weight.device, dtype=weight.dtype)
         self.proj.requires_grad_(False)
@@ -51,7 +58,13 @@ def frequent_ids(n: int, vocab_size: int) -> torch.Tensor:
 
 def restrict_head(model, keep: torch.Tensor):
     """Give `model` (a draft: its own module, e.g. a self:K shallow copy) a SubsetHead over `keep`,
-    replacing any earlier one. Returns the model. The full head's weights are never modified."""
+    replacing any earlier one. Returns the model. The full head's weights are never modified. A head on GGUF blocks
+    (models/gguf_linear.GgufLinear: `rows`) scores its kept rows' own blocks."""
     head = model.get_output_embeddings()
-    model.set_output_embeddings(SubsetHead(head.weight, getattr(head, "bias", None), keep))
+    source = getattr(head, "source", None)  # a SubsetHead on blocks: restrict its full head again
+    source = head if source is None else source
+    if hasattr(source, "rows"):
+        model.set_output_embeddings(SubsetHead(source.weight, None, keep, source=source))
+    else:
+        model.set_output_embeddings(SubsetHead(head.weight, getattr(head, "bias", None), keep))
     return model

@@ -7,7 +7,7 @@
     whisper_decoding.py how Whisper enters the loop for a batch of windows: encoder once, cross-attention K/V,
                         WindowDecoder, ExactScorer
     whisper_convert.py  CTranslate2 Whisper (the embedded packages) -> transformers, without ctranslate2
-    gguf_linear.py      a GGUF model's linear layers on the file's own blocks (kernels/qmatmul)
+    weights.py          how a causal LM's weights are held on a CPU: --target-quant gguf | none | int8 | int4
     int8.py             int8 weights for the target's linear layers (transcribe --target-int8)
     compatible.py       whether a draft can draft for a target: the one rule; loading such a draft
     device.py           --device and --dtype for this machine

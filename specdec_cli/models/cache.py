@@ -5,6 +5,7 @@ Layout (root = $SPECDEC_CACHE, else platformdirs' user cache dir for "specdec", 
     <root>/models/<key>/                one complete model: config.json, model.safetensors, tokenizer files,
                                         and specdec.json (the marker, written last: no marker, no entry)
     <root>/models/.tmp-<key>-<pid>-*/   an entry being written (or removed) by process <pid>
+    <root>/kernels/qmatmul-<hash>/       the GGUF matmul built at first use (kernels/qmatmul.py), rebuilt when missing
 
 An entry is written in a temporary sibling directory and renamed into place, so a reader never sees half a
 model; when two processes race, the first rename wins and the other's copy is thrown away. The marker
@@ -56,6 +57,25 @@ def cache_root() -> Path:
 
 def models_dir() -> Path:
     return cache_root() / "models"
+
+
+def kernels_dir() -> Path:
+    return cache_root() / "kernels"
+
+
+def remove_kernels() -> int:
+    """Delete the kernels built at first use (<root>/kernels); returns the bytes freed (0 when there were none)."""
+    folder = kernels_dir()
+    if not folder.is_dir():
+        return 0
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    aside = folder.with_name(f".kernels-{os.getpid()}-removed")
+    try:
+        os.rename(folder, aside)
+    except OSError:
+        aside = folder
+    shutil.rmtree(aside, ignore_errors=True)
+    return size
 
 
 def entry_path(key: str) -> Path:

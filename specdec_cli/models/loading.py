@@ -48,6 +48,7 @@ class LoadedModel:
     cached: bool = False
     load_s: float = 0.0
     processor: Any = None  # Whisper: the WhisperProcessor (tokenizer + feature extractor)
+    weights: str = "none"  # how its linear layers are held: gguf (the file's blocks) | int8 | int4 | none (weights.py)
 
     @property
     def dtype(self) -> torch.dtype:

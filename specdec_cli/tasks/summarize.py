@@ -7,7 +7,7 @@ base models get the paper's prompt  "Article: …\\n\\nSummary:".
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ class Summary:
     text: str
     finish_reason: str  # "eos" | "length"
     stats: GenerationStats  # the stats of the batch this article ran in
+    weights: dict = field(default_factory=dict)  # how the models' weights were held (weights_of)
 
 
 def read_article(path: str) -> Article:
@@ -146,6 +147,7 @@ def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
     params = SamplingParams.of(opts)
     schedule = schedule or make_schedule(opts.gamma_schedule, opts.gamma)  # one for the run: what it measured carries over
     out: list[Summary] = []
+    weights = weights_of(target, draft)
     for start in range(0, len(articles), opts.batch_size):
         chunk = slice(start, start + opts.batch_size)
         input_ids, attention_mask = left_pad(prompts[chunk], pad)
@@ -157,9 +159,22 @@ def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
             backend=opts.backend, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
         )
         for article, tokens, reason in zip(articles[chunk], result.tokens, result.finish_reasons):
-            out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, result.stats))
+            out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, result.stats, weights))
         if on_batch:
             on_batch(min(start + opts.batch_size, len(articles)), len(articles))
+    return out
+
+
+def weights_of(target: LoadedModel, draft: Draft | None) -> dict:
+    """{"target": gguf | int8 | int4 | none, "draft": the same (a draft model's), "qmatmul": the kernel's path when
+    a model runs on blocks} (models/weights.py), for --json."""
+    model = drafts.model_draft(draft)
+    loaded = getattr(model, "loaded", None)
+    out = {"target": target.weights} | ({"draft": loaded.weights} if loaded is not None else {})
+    if any(form != "none" for form in out.values()):
+        from specdec_cli.kernels import qmatmul
+
+        out["qmatmul"] = qmatmul.backend_line()
     return out
 
 

@@ -1,0 +1,69 @@
+"""How a causal LM's weights are held on a CPU: `--target-quant gguf|none|int8|int4` (summarize), for the target and
+for a draft model alike.
+
+    gguf   a GGUF model (embedded, a .gguf file, a folder holding one) runs its linear layers on the file's own blocks
+           (models/gguf_linear.py, kernels/qmatmul): exactly the weights the file means, ~1/3 of bf16's bytes, and a
+           pass's rows computed as its steps' are. Any other model is held as it is (as `none`). The default.
+    none   every weight dequantized to the compute dtype (--dtype): what CUDA runs, and what specdec did before.
+    int8   a model without a GGUF (safetensors, a hub id) quantized weight-only at load: Q8_0 blocks (int8, one fp16
+           scale per 32 weights of a row); int4: Q4_1 blocks (4 bits, a scale and a minimum per 32), llama.cpp's own
+           reference quantizers (kernels/gguf_blocks.quantize). Per group of 32 rather than per channel: finer, and
+           the same kernel runs them, so greedy speculative output is still this model's autoregressive output. Opt-in:
+           another model than the one given.
+
+On CUDA, `gguf` is `none` (the blocks kernel is a CPU kernel) and int8 / int4 are refused.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from specdec_cli.errors import SpecdecError
+from specdec_cli.kernels import gguf_blocks
+from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks
+from specdec_cli.models.loading import LoadedModel
+
+QTYPES = {"int8": "q8_0", "int4": "q4_1"}  # --target-quant -> the blocks a model without a GGUF is quantized to
+GROUP = 32  # weights per scale (a row's length must be a multiple of it)
+
+
+def hold(loaded: LoadedModel, form: str, role: str = "target", progress: bool = True) -> str:
+    """Hold `loaded`'s linear layers in `form` (the module docstring), in place; returns the form they are in
+    ("gguf", "int8", "int4" or "none") and records it as loaded.weights."""
+    from specdec_cli.models.causal_lm import gguf_file
+
+    held = "none"
+    on_cpu = loaded.device.type == "cpu"
+    if form in QTYPES and not on_cpu:
+        raise SpecdecError(f"--target-quant {form} runs on a CPU only (the {role} is on {loaded.device})")
+    if form != "none" and on_cpu and loaded.source != "self":
+        path = gguf_file(loaded.spec, role, progress) if loaded.source in ("embedded", "gguf") else None
+        if form == "gguf" and path is not None:
+            attach_gguf_blocks(loaded.model, path)
+            held = "gguf"
+        elif form in QTYPES:
+            if path is not None:
+                raise SpecdecError(f"--target-quant {form} quantizes a model that has no GGUF; the {role} "
+                                   f"{loaded.name} is a GGUF: its own blocks run with --target-quant gguf (the default)")
+            quantize_linears(loaded.model, QTYPES[form])
+            held = form
+    loaded.weights = held
+    return held
+
+
+def quantize_linears(model: nn.Module, qtype: str) -> dict[str, int]:
+    """Replace, in place, every nn.Linear of `model` whose rows are a multiple of GROUP long by a GgufLinear on its
+    weight quantized to `qtype` (q8_0 | q4_1), the output layer included (untied from the embeddings, which stay).
+    Returns {qtype: layers}."""
+    dtype = next(model.parameters()).dtype
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear or child.in_features % GROUP:
+                continue
+            blocks = gguf_blocks.quantize(qtype, child.weight.detach())
+            setattr(parent, name, GgufLinear(blocks, qtype, child.in_features, child.out_features, child.bias, dtype))
+            count += 1
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
+    return {qtype: count}
