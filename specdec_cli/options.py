@@ -201,12 +201,15 @@ class SummarizeOptions(DecodeOptions):
     draft_quantized: bool = option(True, f"Give the draft int8 weights (CPU only) where they are not quantized "
                                    f"already (a draft on GGUF blocks keeps them): {_DRAFT_CHEAPER}.",
                                    flag="--draft-int8/--no-draft-int8")  # drafts/int8.py
-    # how the target's and a draft model's weights are held (models/weights.py): a GGUF's own blocks by default on a
-    # CPU (kernels/qmatmul: 2.5-3.6x bf16's step, rows of a pass computed as steps are), dequantized on CUDA
-    target_quant: str = option("gguf", "How the target's (and a draft model's) weights are held on a CPU: gguf (a "
-                               "GGUF runs on its own blocks, exactly as the file means them; other models as they "
-                               "are) | none (dequantized to --dtype, as on CUDA) | int8 | int4 (a safetensors model "
-                               "quantized weight-only per group of 32 to Q8_0 / Q4_1 blocks: a different model).")
+    # how the target's and a draft model's weights are held (models/weights.py). none by default: on GGUF blocks
+    # (kernels/qmatmul) a step is 2.5-3.6x faster than bf16's, but a 9-row pass costs 1.7-3.6x a step, and the
+    # default speculative run on blocks was slower than its own autoregressive run (benchmarks/summarize-llama-cpp.*;
+    # a loaded 2-vCPU EPYC), where bf16's passes cost about a step and speculation pays
+    target_quant: str = option("none", "How the target's (and a draft model's) weights are held on a CPU: none (a "
+                               "GGUF dequantized to --dtype, as on CUDA) | gguf (a GGUF runs on its own blocks, "
+                               "exactly as the file means them: faster steps, costlier passes) | int8 | int4 (a "
+                               "safetensors model quantized weight-only per group of 32 to Q8_0 / Q4_1 blocks: a "
+                               "different model).")
     truncate: bool = option(False, "Cut articles too long for the model's context instead of refusing them, to "
                             "--max-input-tokens.")
     # with --truncate, the prompt tokens kept: the embedded pair reads 2048 tokens in ~46 s on 2 cores (an AMD

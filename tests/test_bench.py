@@ -627,6 +627,7 @@ def test_the_test_extra_installs_every_peer():
     """faster-whisper is in the test extra, at the peers extra's pin, so `make test` runs the peer below instead of
     its "not installed" path only; installed here at that version (the test extra was installed)."""
     import importlib.metadata
+
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]

@@ -1,4 +1,4 @@
-"""--target-quant (models/weights.py): a GGUF target and draft run on their own blocks by default on a CPU, `none`
+"""--target-quant (models/weights.py): a GGUF target and draft run on their own blocks with `gguf` on a CPU, `none`
 dequantizes as before, int8 / int4 quantize a safetensors model into Q8_0 / Q4_1 blocks (llama.cpp's quantizers, bit
 for bit) — and in every form greedy speculative output is that model's autoregressive output. The draft's subset
 head scores its rows' own blocks; `specdec cache clear --all` deletes the built kernel too; the llama.cpp peer is
@@ -201,17 +201,17 @@ def cache_env(session_model_cache):
 
 
 @pytest.mark.slow
-def test_default_pair_runs_on_blocks_and_greedy_equals_autoregressive(cache_env):
-    """summarize's defaults on a GGUF target (SmolLM2, embedded): the target and the draft model on their blocks, the
+def test_a_gguf_pair_runs_on_blocks_and_greedy_equals_autoregressive(cache_env):
+    """--target-quant gguf on a GGUF target (SmolLM2, embedded): the target and the draft model on their blocks, the
     subset head on blocks; greedy speculative (a model draft, self:K sharing the target's blocks, lookup) = the
-    blocks target alone; --target-quant none is today's bf16 model; int8 of a GGUF is refused in one line."""
+    blocks target alone; the default (none) is the bf16 model; int8 of a GGUF is refused in one line."""
     from specdec_cli.bench.runners import data_files
     from specdec_cli.drafts.subset_head import SubsetHead
     from specdec_cli.tasks import summarize as task
 
     articles = [task.read_article(p) for p in data_files("summarize", None)[:2]]
     opts = task.SummarizeOptions(target="embedded:smollm2", draft="embedded:smollm2", max_new_tokens=24,
-                                 gamma_schedule="constant", draft_vocab=4096)
+                                 gamma_schedule="constant", draft_vocab=4096, target_quant="gguf")
     target, draft = task.load_pair(opts, progress=False)
     assert target.weights == "gguf" and draft.loaded.weights == "gguf"
     assert isinstance(target.model.get_output_embeddings(), GgufLinear)
@@ -225,6 +225,7 @@ def test_default_pair_runs_on_blocks_and_greedy_equals_autoregressive(cache_env)
         if spec != "lookup":
             head = d.loaded.model.get_output_embeddings()
             assert isinstance(head, SubsetHead) and isinstance(head.proj, GgufLinear)
+    assert task.SummarizeOptions().target_quant == "none"
     bf16, _ = task.load_pair(opts.replace(target_quant="none", mode="autoregressive"), progress=False)
     assert bf16.weights == "none" and not gguf_layers(bf16.model)
     with pytest.raises(SpecdecError, match="is a GGUF: its own blocks run with --target-quant gguf"):

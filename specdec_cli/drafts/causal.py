@@ -49,7 +49,7 @@ def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOpti
 
 def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: bool = True) -> CausalDraft:
     """Another causal LM, read in the target's dtype and on its device, checked against the target, its weights held
-    as the target's are (--target-quant: a GGUF draft on its own blocks by default on a CPU)."""
+    as the target's are (--target-quant: with gguf, a GGUF draft on its own blocks on a CPU)."""
     loaded, vocab = load_compatible(draft_spec, target, CAUSAL_LM, progress=progress)
     hold(loaded, getattr(opts, "target_quant", "none"), "draft", progress)
     return adopt(loaded, target, vocab, opts)
