@@ -413,6 +413,14 @@ def test_torch_compile_holds_the_step_in_one_graph():
     for got, want in zip(compiled(*args), step(*args)):
         assert torch.equal(got, want)
 
+    def public(tokens, probs, target, u):  # what the loop calls: the op while traced, a plain launch otherwise
+        v = exact.verify_exact_triton(tokens, probs, target * 1.0, u)
+        return v.out_tokens, v.num_accepted, v.error
+
+    compiled = torch.compile(public, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(*args), public(*args)):
+        assert torch.equal(got, want)
+
 
 def test_what_a_compile_depends_on_is_bounded():
     """γ changes every round with adaptive schedules, B as sequences finish: neither may recompile the kernels
