@@ -321,3 +321,23 @@ def test_bench_on_ray_reports_the_corpus(cluster, tiny_llama_dir, articles, tmp_
     one = runner.invoke(app, ["summarize", *map(str, txts(folder)), *summarize_args(tiny_llama_dir), "--json",
                               "--mode", "autoregressive"])
     assert [json.loads(line)["text"] for line in one.stdout.splitlines()] == ar["outputs"]
+
+
+@pytest.mark.slow
+def test_a_ray_failure_is_one_line(cluster, tiny_llama_dir, articles, tmp_path, monkeypatch):
+    """Ray giving up (retries spent, a node lost) ends the run in one line, exit 1, not Ray's many-line error."""
+    import ray.data
+    import ray.exceptions
+
+    def fails(self, *args, **kwargs):
+        raise ray.exceptions.RayError("an actor died\n" + "Ray's traceback, many lines\n" * 5)
+        yield  # a generator, as iter_rows is
+
+    monkeypatch.setattr(ray.data.Dataset, "iter_rows", fails)
+    folder, _ = articles
+    r = runner.invoke(app, ["summarize", str(folder), *summarize_args(tiny_llama_dir), "--ray", "--output-dir",
+                            str(tmp_path / "out")])
+    assert r.exit_code == 1, r.output
+    assert r.stderr.strip().splitlines()[-1].startswith("error: unexpected failure: RuntimeError: the Ray run stopped: "
+                                                         "an actor died (the outputs written so far are kept")
+    assert "many lines" not in r.stderr

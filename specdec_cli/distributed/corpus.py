@@ -132,18 +132,22 @@ def records(ray, task: str, options: DecodeOptions, inputs: list[str], pool: Poo
         num_cpus=pool.threads, num_gpus=pool.gpus or None,
     )  # an actor pool's defaults: max_restarts=-1, max_task_retries=-1 (a dead actor is replaced, its batches rerun)
     seen = set()
-    for row in ds.iter_rows():
-        rec = Record.from_row(row)
-        key = (rec.input, rec.mode, rec.gamma, rec.schedule)
-        if key in seen:
-            continue
-        seen.add(key)
-        if rec.failure == "setup":
-            if rec.error.startswith("unexpected failure: "):
-                raise RuntimeError(f"an actor ({rec.worker}) could not load its models: "
-                                   f"{rec.error.removeprefix('unexpected failure: ')}")
-            raise SpecdecError(rec.error)
-        yield rec
+    try:
+        for row in ds.iter_rows():
+            rec = Record.from_row(row)
+            key = (rec.input, rec.mode, rec.gamma, rec.schedule)
+            if key in seen:
+                continue
+            seen.add(key)
+            if rec.failure == "setup":
+                if rec.error.startswith("unexpected failure: "):
+                    raise RuntimeError(f"an actor ({rec.worker}) could not load its models: "
+                                       f"{rec.error.removeprefix('unexpected failure: ')}")
+                raise SpecdecError(rec.error)
+            yield rec
+    except ray.exceptions.RayError as e:  # retries spent, a node lost: Ray's message runs over many lines
+        raise RuntimeError(f"the Ray run stopped: {first_line(e)} (the outputs written so far are kept: rerun "
+                           "with --skip-existing)") from None
 
 
 # ----------------------------------------------------------------------------------------------------
