@@ -37,6 +37,20 @@ def rollback_cache(config):
     return cache
 
 
+def cache_kwargs(model, cache) -> dict:
+    """The keyword a model's forward takes its KV cache by: `cache` from transformers 5.24 (where past_key_values
+    still works but warns that it goes in 5.40), `past_key_values` before. Relies on: the model class's forward
+    naming the parameter (the deprecation decorator keeps the signature)."""
+    return {_cache_name(type(model)): cache}
+
+
+@functools.cache
+def _cache_name(cls) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
 def crop_cache(cache, remove: int) -> None:
     """Drop the last `remove` slots of a KV cache (0: none), then trim the sliding-window layers back to their
     window (rollback_cache: they record past it between crops). Relies on: `Cache.crop(n)` with n < 0 removing −n

@@ -79,7 +79,7 @@ class Decoder:
             kwargs["logits_to_keep"] = keep if keep >= T else torch.arange(T - keep, T, device=tokens.device)
         with self.driving():
             out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                             past_key_values=self.cache, use_cache=True, **kwargs)
+                             **internals.cache_kwargs(self.model, self.cache), use_cache=True, **kwargs)
         return out.logits[:, -keep:] if keep else out.logits
 
     @contextlib.contextmanager
@@ -151,7 +151,7 @@ class Seq2SeqDecoder(Decoder):
             decoder_input_ids=tokens,
             decoder_attention_mask=mask,
             decoder_position_ids=positions,
-            past_key_values=self.cache,
+            **internals.cache_kwargs(self.model, self.cache),
             use_cache=True,
             **self.forward_kwargs,
         )

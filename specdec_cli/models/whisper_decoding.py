@@ -128,7 +128,7 @@ class WindowDecoder(Seq2SeqDecoder):
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
         hidden = self.decoder(
             input_ids=tokens, attention_mask=mask, encoder_hidden_states=self.forward_kwargs["encoder_outputs"].last_hidden_state,
-            past_key_values=self.cache, position_ids=positions, use_cache=True,
+            **internals.cache_kwargs(self.decoder, self.cache), position_ids=positions, use_cache=True,
         ).last_hidden_state  # [B, T, d]
         if keep:
             hidden = hidden[:, -keep:]
@@ -141,7 +141,8 @@ class WindowDecoder(Seq2SeqDecoder):
         if tokens.shape[1] > 0:
             encoded = self.forward_kwargs["encoder_outputs"].last_hidden_state
             self.prefill_decoder(input_ids=tokens, attention_mask=mask, encoder_hidden_states=encoded,
-                                 past_key_values=self.cache, position_ids=positions, use_cache=True)
+                                 **internals.cache_kwargs(self.prefill_decoder, self.cache), position_ids=positions,
+                                 use_cache=True)
             self.length, self.seen = tokens.shape[1], tokens
 
     def new_cache(self):
