@@ -202,9 +202,10 @@ class SummarizeOptions(DecodeOptions):
                                    f"already (a draft on GGUF blocks keeps them): {_DRAFT_CHEAPER}.",
                                    flag="--draft-int8/--no-draft-int8")  # drafts/int8.py
     # how the target's and a draft model's weights are held (models/weights.py). none by default: on GGUF blocks
-    # (kernels/qmatmul) a step is 2.5-3.6x faster than bf16's, but a 9-row pass costs 1.7-3.6x a step, and the
-    # default speculative run on blocks was slower than its own autoregressive run (benchmarks/summarize-llama-cpp.*;
-    # a loaded 2-vCPU EPYC), where bf16's passes cost about a step and speculation pays
+    # (kernels/qmatmul) a step is faster than bf16's, but a 9-row pass costs 1.7-3.6x a step and the draft 0.66 of a
+    # target step, so speculation on blocks gains nothing over the blocks alone (0.96x on a quiet 2-vCPU EPYC, 0.24-
+    # 0.48x under load: benchmarks/summarize-llama-cpp*), where bf16's speculation pays 1.47x; gguf's speculative
+    # wall was 8 % under bf16's on the quiet run, one run: to be decided by more
     target_quant: str = option("none", "How the target's (and a draft model's) weights are held on a CPU: none (a "
                                "GGUF dequantized to --dtype, as on CUDA) | gguf (a GGUF runs on its own blocks, "
                                "exactly as the file means them: faster steps, costlier passes) | int8 | int4 (a "
