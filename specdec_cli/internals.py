@@ -29,7 +29,7 @@ def rollback_cache(config):
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
-    sliding = [layer for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)]
+    sliding = _sliding_layers(cache, recording=False)
     if any(not hasattr(layer, "activate_past_recording") for layer in sliding):
         return DynamicCache()
     for layer in sliding:
@@ -41,7 +41,7 @@ def cache_kwargs(model, cache) -> dict:
     """The keyword a model's forward takes its KV cache by: `cache` from transformers 5.24 (where past_key_values
     still works but warns that it goes in 5.40), `past_key_values` before. Relies on: the model class's forward
     naming the parameter (the deprecation decorator keeps the signature)."""
-    return {_cache_name(type(model)): cache}
+    return {_cache_name(type(model)): cache}  # type: ignore[arg-type]  # a class hashes; mypy reads type[Any] as not Hashable
 
 
 @functools.cache
@@ -85,10 +85,11 @@ def rollback_problem(cache) -> str | None:
     return None
 
 
-def _sliding_layers(cache) -> list:
-    """The sliding-window layers of a cache (none for other kinds). Relies on: `cache.layers`, `layer.is_sliding`."""
+def _sliding_layers(cache, recording: bool = True) -> list:
+    """The sliding-window layers of a cache (none for other kinds); with `recording`, only those that can record past
+    their window (transformers 5.15 on). Relies on: `cache.layers`, `layer.is_sliding`."""
     return [layer for layer in getattr(cache, "layers", ()) if getattr(layer, "is_sliding", False)
-            and hasattr(layer, "activate_past_recording")]
+            and (not recording or hasattr(layer, "activate_past_recording"))]
 
 
 def sliding_window(config) -> int | None:

@@ -168,7 +168,7 @@ def copy_bandwidth(run: Run) -> dict:
 
 
 def plans(run: Run) -> dict:
-    """The launcher's choices measured: each (SPLITS, stage-1 warps) at V = 151 936, γ = 5, B = 1, 8, 64, in a CUDA
+    """The launcher's choices measured: each SPLITS at V = 151 936, γ = 5, B = 1, 8, 64, in a CUDA
     graph (device time), its tokens against the torch path's; and the host cost of a step three ways (the custom op,
     a plain launch, the verify() API with its error check), eager."""
     import triton
@@ -187,7 +187,8 @@ def plans(run: Run) -> dict:
         want = exact.verify_exact_torch(tokens.cpu(), probs.cpu(), logits.cpu(), u.cpu()).out_tokens
         old = max(1, min(tiles, triton.cdiv(4 * sms, batch * (gamma + 1)), 64))  # the rule before this run
         variants, timings = {}, {}
-        for splits in sorted({old, 4, 8, 16, 32, 64, exact._plan(vocab, batch, None, False, sms=sms)[1]}):
+        launcher = exact._plan(vocab, batch, None, False, sms=sms)
+        for splits in sorted({old, 4, 8, 16, 32, 64, launcher[1]}):
             chunk = triton.cdiv(tiles, splits) * 1024
             plan = (1024, triton.cdiv(vocab, chunk), chunk)
             fn = functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False, plan=plan)
@@ -200,7 +201,7 @@ def plans(run: Run) -> dict:
             torch.cuda.synchronize()
             same = bool(torch.equal(got[0].cpu(), want))
             name = f"splits={plan[1]}" + (" (old rule)" if splits == old else "") + (
-                " (launcher)" if plan == exact._plan(vocab, batch, None, False, sms=sms) else "")
+                " (launcher)" if plan == launcher else "")
             variants[name] = g.replay
             timings[name] = {"same_tokens_as_torch_path": same}
         measured = measure_side_by_side(variants, device="cuda", repeat=100)
@@ -247,8 +248,8 @@ def grid(run: Run) -> dict:
     from specdec_cli.bench.config import SyntheticConfig
 
     modes = ["baseline", "exact", "sigmoid", "hf"]
-    run.report["flashinfer"] = flashinfer_peer.source()
-    if run.device == "cuda" and flashinfer_peer.source() is not None:
+    run.report["flashinfer"] = source = flashinfer_peer.source()
+    if run.device == "cuda" and source is not None:
         modes.append("flashinfer")
     if run.tiny:
         config = SyntheticConfig([1000, 5003], [1, 5], [1, 4], modes, device=run.device, repeat=3)
