@@ -68,9 +68,10 @@ compat:
 GPU_OUT ?= out/gpu
 GPU_PY  ?= python3
 GPU_BUDGET ?= 540
+GPU_ONLY ?=
 gpu:
 	rm -rf build/gpu && $(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target build/gpu .
-	PYTHONPATH=$(CURDIR)/build/gpu $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT) --budget $(GPU_BUDGET)
+	PYTHONPATH=$(CURDIR)/build/gpu $(GPU_PY) -P -m specdec_cli.bench.gpu --out $(GPU_OUT) --budget $(GPU_BUDGET) $(if $(GPU_ONLY),--only $(GPU_ONLY))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -32,7 +32,7 @@ def plans(arch: str, mode: str) -> list[dict]:
     """Every (kernel, dtype, constexprs) the launcher can choose on `arch` for the GRID, without repeats."""
     import triton
 
-    from specdec_cli.kernels.exact import _plan, _warps
+    from specdec_cli.kernels.exact import MAX_REGISTERS, _plan, _warps
 
     sms = ARCHS[arch][1]
     shapes = set()
@@ -46,11 +46,10 @@ def plans(arch: str, mode: str) -> list[dict]:
         if mode == "exact":
             out += [{"kernel": "_row_stats_kernel", "dtype": dtype, "constexprs": {"BLOCK": b}, "num_warps": 4}
                     for b in sorted({b for _, _, b in shapes})]
-        for kernel in ("_accept_weights_kernel", "_draw_kernel"):
-            out += [{"kernel": kernel, "dtype": dtype,
-                     "constexprs": {"GAMMA_P2": g, "SPLITS_P2": s, "BLOCK": b, "SIGMOID": mode == "sigmoid",
-                                    "ONE_HOT": one_hot}, "num_warps": _warps(g, s)}
-                    for one_hot in ((False, True) if mode == "exact" else (False,)) for g, s, b in sorted(shapes)]
+        out += [{"kernel": "_accept_draw_kernel", "dtype": dtype,
+                 "constexprs": {"GAMMA_P2": g, "SPLITS_P2": s, "BLOCK": b, "SIGMOID": mode == "sigmoid",
+                                "ONE_HOT": one_hot}, "num_warps": _warps(g, s), "maxnreg": MAX_REGISTERS}
+                for one_hot in ((False, True) if mode == "exact" else (False,)) for g, s, b in sorted(shapes)]
     return out
 
 
@@ -67,14 +66,9 @@ def signature(kernel: str, dtype: str, sigmoid: bool, one_hot: bool = False) -> 
                 "stride_zb": "i32", "stride_zc": "i32", "inv_t": "fp32", "BLOCK": "constexpr"}
     meta = {"GAMMA_P2": "constexpr", "SPLITS_P2": "constexpr", "BLOCK": "constexpr", "SIGMOID": "constexpr",
             "ONE_HOT": "constexpr"}
-    if kernel == "_accept_weights_kernel":
-        pointers = {"tokens_ptr": "*i64", "draft_ptr": q, "logits_ptr": z, "u_ptr": "*fp32", "max_ptr": "*fp32",
-                    "sum_ptr": "*fp32", "n_ptr": "*i64", "lse_ptr": "*fp32", "wsum_ptr": "*fp64", "psum_ptr": "*fp64",
-                    "bad_ptr": "*i32"}
-    else:
-        pointers = {"tokens_ptr": "*i64", "draft_ptr": q, "logits_ptr": z, "u_ptr": "*fp32", "n_ptr": "*i64",
-                    "lse_ptr": "*fp32", "wsum_ptr": "*fp64", "psum_ptr": "*fp64", "max_ptr": "*fp32",
-                    "row_bad_ptr": "*i32", "draw_bad_ptr": "*i32", "out_ptr": "*i64", "error_ptr": "*i32"}
+    pointers = {"tokens_ptr": "*i64", "draft_ptr": q, "logits_ptr": z, "u_ptr": "*fp32", "max_ptr": "*fp32",
+                "sum_ptr": "*fp32", "row_bad_ptr": "*i32", "wsum_ptr": "*fp64", "psum_ptr": "*fp64",
+                "draw_bad_ptr": "*i32", "count_ptr": "*i32", "n_ptr": "*i64", "out_ptr": "*i64", "error_ptr": "*i32"}
     return {**pointers, **sizes, **strides, **scalars, **meta}
 
 
@@ -97,7 +91,7 @@ def compile_one(job: tuple[str, dict]) -> dict:
             src = ASTSource(fn=fn, signature=signature(plan["kernel"], plan["dtype"], sigmoid, one_hot),
                             constexprs=plan["constexprs"])
             compiled = triton.compile(src, target=GPUTarget("cuda", ARCHS[arch][0], 32),
-                                      options={"num_warps": plan["num_warps"]})
+                                      options={"num_warps": plan["num_warps"], "maxnreg": plan.get("maxnreg")})
         text = log.getvalue()
         regs = re.findall(r"Used (\d+) registers", text)
         spill_st = re.findall(r"(\d+) bytes spill stores", text)

@@ -20,7 +20,7 @@ from specdec_cli.errors import InvalidDraftTokensError, NonFiniteLogitsError
 
 PAD = -1  # out_tokens after the emitted ones
 
-# error bits a Triton launch leaves in Verification.error (exact._draw_kernel writes them)
+# error bits a Triton launch leaves in Verification.error (exact._draw writes them)
 ERRORS = {1: "target logits contain NaN or +inf", 2: "target logits are all -inf in a row: every token is masked",
           4: "draft token ids outside [0, V): the draft's vocabulary is not the target's"}
 

@@ -8,27 +8,31 @@ The rule is kernels/reference.py's. What this adds is how little it reads:
   - that row's draw is an inverse CDF over unnormalised weights (a = max(0, p − q), or p): one
     reduction gives Σ a, a second pass over one split of the row finds the token. Sums in fp64.
 Memory traffic for B sequences: read B·(γ+1)·V target logits once, plus one target row and one draft row
-per sequence; write B·(γ+1) tokens. No host synchronisation between the three launches.
+per sequence; write B·(γ+1) tokens. No host synchronisation between the two launches.
 
 What one step must read, at γ = 5, V = 151 936, bf16 logits and fp32 draft probabilities (2·B·6·V bytes of
 logits, then 2·B·V of the drawn rows and 4·B·V of their draft rows), and the floor that sets at 3 TB/s:
-    B = 1:    2.7 MB  ->  0.9 µs        (three launches of a few µs each cost more: latency-bound)
+    B = 1:    2.7 MB  ->  0.9 µs        (a few launches of a few µs each cost more: latency-bound)
     B = 8:   21.9 MB  ->  7.3 µs
     B = 64: 175.0 MB  -> 58.3 µs        (bandwidth-bound: the figure to compare a GPU run with)
-Measured on an H100 (benchmarks/gpu-h100, CUDA-graph replays): B = 1 21.6 µs, B = 8 30.1 µs, B = 64 103.5 µs, i.e.
-0.56 of the measured 3 029 GB/s copy bandwidth. Eager, each step costs ~190 µs of host time for three launches.
+Measured on an H100 (benchmarks/gpu-h100, CUDA-graph replays): B = 1 21.1 µs, B = 8 31.0 µs, B = 64 106.4 µs, i.e.
+0.55 of the measured 3 010 GB/s copy bandwidth; FlashInfer's chain sampling with its softmax 85.7 / 165.5 / 618.9.
+Eager, a step is host-bound: three launches and ten allocations cost 154 µs of host time a call, two launches and
+five 114 µs (the device time did not change).
 
 Triton grid (the paper's grid over (batch, draft position) with the vocabulary tiled in blocks of n,
 plus a split of each row over several programs so that B = 1 still fills the GPU):
   1. _row_stats_kernel      (B·(γ+1), SPLITS): running max and Σ exp over one split of one row
-  2. _accept_weights_kernel (B, SPLITS):       lse per row, accept/reject from gathered scalars, first
-                                               rejection n, Σ of the draw's weights over one split of row n
-  3. _draw_kernel           (B,):              find the split, then the token, where the running sum of
-                                               the weights reaches u·Σ; write tokens and counts
-The sigmoid approximation (kernels/sigmoid.py) reuses stages 2 and 3 with SIGMOID=True: its p̂, q̂ are
-elementwise, so stage 1 is not needed at all.
+  2. _accept_draw_kernel    (B, SPLITS):       lse per row, accept/reject from gathered scalars, first
+                                               rejection n, Σ of the draw's weights over one split of row n;
+                                               then the split of b that finishes last (an atomic count) draws:
+                                               it finds the split, then the token, where the running sum of
+                                               the weights reaches u·Σ, and writes tokens, counts and errors
+The sigmoid approximation (kernels/sigmoid.py) reuses stage 2 with SIGMOID=True: its p̂, q̂ are elementwise, so
+stage 1 is not needed at all.
 """
 
+import functools
 import math
 
 import torch
@@ -173,19 +177,22 @@ def _tile(row_z, row_q, x_n, cols, mask, has_draft, V, SIGMOID: tl.constexpr, ON
 
 
 @triton.jit(do_not_specialize=["gamma"])
-def _accept_weights_kernel(
+def _accept_draw_kernel(
     # pointers
     tokens_ptr,  # [B, γ] int64 draft tokens
     draft_ptr,  # [B, γ, V] draft probabilities (SIGMOID: raw draft logits), contiguous last dim; ONE_HOT: unread
     logits_ptr,  # [B, γ+1, V] target logits, contiguous last dim
     u_ptr,  # [B, γ+1] fp32 uniforms in (0, 1]
-    max_ptr,  # [B·(γ+1), SPLITS] from stage 1 (unused when SIGMOID)
+    max_ptr,  # [B·(γ+1), SPLITS] from stage 1 (unused when SIGMOID): a row whose max is −inf is all masked
     sum_ptr,  # [B·(γ+1), SPLITS]
-    n_ptr,  # [B] int64 out: accepted count = the row to draw from
-    lse_ptr,  # [B] fp32 out: lse of that row
-    wsum_ptr,  # [B, SPLITS] fp64 out: Σ residual over the split of row n
-    psum_ptr,  # [B, SPLITS] fp64 out: Σ p over the split of row n (the fallback when the residual is 0)
-    bad_ptr,  # [B, SPLITS] int32 out (SIGMOID only: NaN / +inf among what it read)
+    row_bad_ptr,  # [B·(γ+1), SPLITS] int32 from stage 1
+    wsum_ptr,  # [B, SPLITS] fp64 scratch: Σ residual over the split of row n
+    psum_ptr,  # [B, SPLITS] fp64 scratch: Σ p over the split of row n (the fallback when the residual is 0)
+    draw_bad_ptr,  # [B, SPLITS] int32 scratch (SIGMOID only: NaN / +inf among what it read)
+    count_ptr,  # [B] int32, zeroed: splits of b finished
+    n_ptr,  # [B] int64 out: accepted count = the row drawn from
+    out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then PAD
+    error_ptr,  # [B] int32 out: 0, or ERR_NONFINITE | ERR_ALL_MASKED | ERR_BAD_TOKEN for what b's rows held
     # sizes and strides
     gamma,
     V,
@@ -210,8 +217,8 @@ def _accept_weights_kernel(
     ONE_HOT: tl.constexpr,  # a deterministic draft: q one-hot at the draft tokens (exact only)
 ):
     """Stage 2 (grid (B, SPLITS)): each row's lse, accept/reject from gathered scalars, the first rejection n, and
-    Σ of the draw's weights over one split of row n. Long: its 28 arguments take a line each, and the stage is
-    one launch (its parts share registers; the per-tile math is in _tile and _weight)."""
+    Σ of the draw's weights over one split of row n; the split that finishes last then draws (_draw). Long: its
+    31 arguments take a line each, and the stage is one launch (the per-tile math is in _tile and _weight)."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     c = tl.arange(0, GAMMA_P2)  # draft positions (γ is the bonus row)
@@ -232,7 +239,7 @@ def _accept_weights_kernel(
 
     # acceptance from gathered scalars: accept x_c iff q(x_c) > 0 and u_c·q(x_c) <= p(x_c)
     x = tl.load(tokens_ptr + b * stride_tb + c * stride_tc, mask=is_draft, other=0)  # [GAMMA_P2]
-    x_ok = (x >= 0) & (x < V)  # an id outside the vocabulary is never read, never accepted, and flagged (stage 3)
+    x_ok = (x >= 0) & (x < V)  # an id outside the vocabulary is never read, never accepted, and flagged (_draw)
     z_x = tl.load(logits_ptr + b * stride_zb + c * stride_zc + x, mask=is_draft & x_ok, other=0.0).to(tl.float32)
     if ONE_HOT:
         q_x = tl.where(x_ok, 1.0, 0.0)
@@ -271,60 +278,27 @@ def _accept_weights_kernel(
         p_acc += tl.where(mask, p, 0.0).to(tl.float64)
     tl.store(wsum_ptr + b * SPLITS + split, tl.sum(w_acc))
     tl.store(psum_ptr + b * SPLITS + split, tl.sum(p_acc))
-    tl.store(bad_ptr + b * SPLITS + split, bad)
-    if split == 0:
-        tl.store(n_ptr + b, n.to(tl.int64))
-        tl.store(lse_ptr + b, lse_n)
+    tl.store(draw_bad_ptr + b * SPLITS + split, bad)
+
+    # the split of b that finishes last draws: every split's stores above come before its count (the barrier
+    # orders this program's threads, the acq_rel atomic the programs), and the drawing split reads them after its own
+    tl.debug_barrier()
+    if tl.atomic_add(count_ptr + b, 1, sem="acq_rel") == SPLITS - 1:
+        _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_ptr, psum_ptr,
+              draw_bad_ptr, n_ptr, out_ptr, error_ptr, gamma, V, chunk, SPLITS, stride_ub, stride_uc, inv_t, alpha, beta, GAMMA_P2, SPLITS_P2, BLOCK, SIGMOID, ONE_HOT)
 
 
-@triton.jit(do_not_specialize=["gamma"])
-def _draw_kernel(
-    # pointers
-    tokens_ptr,  # [B, γ] int64 draft tokens
-    draft_ptr,  # [B, γ, V]
-    logits_ptr,  # [B, γ+1, V]
-    u_ptr,  # [B, γ+1]
-    n_ptr,  # [B] int64 from stage 2
-    lse_ptr,  # [B] fp32
-    wsum_ptr,  # [B, SPLITS] fp64
-    psum_ptr,  # [B, SPLITS] fp64
-    max_ptr,  # [B·(γ+1), SPLITS] fp32 from stage 1 (exact: a row whose max is −inf is all masked)
-    row_bad_ptr,  # [B·(γ+1), SPLITS] int32 from stage 1
-    draw_bad_ptr,  # [B, SPLITS] int32 from stage 2
-    out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then PAD
-    error_ptr,  # [B] int32 out: 0, or ERR_NONFINITE | ERR_ALL_MASKED for what this sequence's rows held
-    # sizes and strides
-    gamma,
-    V,
-    chunk,
-    SPLITS,
-    stride_tb,
-    stride_tc,
-    stride_qb,
-    stride_qc,
-    stride_zb,
-    stride_zc,
-    stride_ub,
-    stride_uc,
-    inv_t,
-    alpha,
-    beta,
-    # meta-parameters
-    GAMMA_P2: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    ONE_HOT: tl.constexpr,
-):
-    """Stage 3 (grid (B,)): the drawn token, the out_tokens row and the error flags of one sequence. Long: its
-    28 arguments take a line each, and the stage is one launch."""
+@triton.jit
+def _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_ptr, psum_ptr, draw_bad_ptr,
+          n_ptr, out_ptr, error_ptr, gamma, V, chunk, SPLITS, stride_ub, stride_uc, inv_t, alpha,
+          beta, GAMMA_P2: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK: tl.constexpr, SIGMOID: tl.constexpr,
+          ONE_HOT: tl.constexpr):
+    """Sequence b's drawn token, its out_tokens row, n and its error flags, from every split's sums (read through
+    L2, ".cg": other programs wrote them). x [GAMMA_P2]: the draft tokens (0 past γ); x_n: the one rejected."""
     # inverse CDF in two levels: the split where Σ reaches u·total, then the token inside it
-    b = tl.program_id(0).to(tl.int64)
-    n = tl.load(n_ptr + b)
-    lse_n = tl.load(lse_ptr + b)
     k = tl.arange(0, SPLITS_P2)
-    w_split = tl.load(wsum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0)  # [SPLITS_P2] fp64
-    p_split = tl.load(psum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0)
+    w_split = tl.load(wsum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0, cache_modifier=".cg")  # fp64
+    p_split = tl.load(psum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0, cache_modifier=".cg")
     use_residual = (n < gamma) & (tl.sum(w_split) > 0)  # an all-zero residual (p == q) falls back to p
     w_split = tl.where(use_residual, w_split, p_split)
     threshold = tl.load(u_ptr + b * stride_ub + gamma * stride_uc).to(tl.float64) * tl.sum(w_split)
@@ -333,9 +307,6 @@ def _draw_kernel(
     split = tl.min(tl.where((running >= threshold) & (w_split > 0), k, last_split))
     before = tl.sum(tl.where(k < split, w_split, 0.0))
 
-    row_z = logits_ptr + b * stride_zb + n * stride_zc
-    row_q = draft_ptr + b * stride_qb + tl.minimum(n, gamma - 1) * stride_qc
-    x_n = tl.load(tokens_ptr + b * stride_tb + tl.minimum(n, gamma - 1) * stride_tc, mask=n < gamma, other=-1)
     token = tl.full((), -1, tl.int64)
     last_positive = tl.full((), -1, tl.int64)
     for off in range(0, chunk, BLOCK):
@@ -352,13 +323,14 @@ def _draw_kernel(
     token = tl.where(token < 0, last_positive, token)  # rounding left the threshold above the total
 
     c = tl.arange(0, GAMMA_P2)
-    x = tl.load(tokens_ptr + b * stride_tb + c * stride_tc, mask=c < gamma, other=-1)
+    x = tl.where(c < gamma, x, -1)
     out = tl.where(c < n, x, tl.where(c == n, token, OUT_PAD))
     tl.store(out_ptr + b * (gamma + 1) + c, out, mask=c <= gamma)
+    tl.store(n_ptr + b, n.to(tl.int64))
 
     # what the caller must hear about, read when it chooses (no host synchronisation here): any draft id outside
     # [0, V); NaN, +inf or an all −inf row among the rows the decision read (0..n), as the torch path reads them
-    bad = tl.sum(tl.load(draw_bad_ptr + b * SPLITS + k, mask=k < SPLITS, other=0))
+    bad = tl.sum(tl.load(draw_bad_ptr + b * SPLITS + k, mask=k < SPLITS, other=0, cache_modifier=".cg"))
     error = tl.where(tl.sum(((c < gamma) & ((x < 0) | (x >= V))).to(tl.int32)) > 0, ERR_BAD_TOKEN, 0)
     if not SIGMOID:
         stat = (b * (gamma + 1) + c)[:, None] * SPLITS + k[None, :]  # [GAMMA_P2, SPLITS_P2]
@@ -373,16 +345,17 @@ def _draw_kernel(
 
 
 OUT_PAD: tl.constexpr = tl.constexpr(PAD)  # out_tokens after the emitted ones
-ERR_NONFINITE: tl.constexpr = tl.constexpr(1)  # error bits of _draw_kernel (contract.ERRORS says them)
+ERR_NONFINITE: tl.constexpr = tl.constexpr(1)  # error bits of _draw (contract.ERRORS says them)
 ERR_ALL_MASKED: tl.constexpr = tl.constexpr(2)
 ERR_BAD_TOKEN: tl.constexpr = tl.constexpr(4)
 
 
+@functools.cache  # every step asks again
 def _plan(V: int, batch: int, device: torch.device | None, interpreted: bool, sms: int | None = None):
     """BLOCK, SPLITS and the chunk of the vocabulary each split covers (a multiple of BLOCK). sms: the
     streaming multiprocessors to fill (default: the device's), so that a plan can be made for a GPU this
     machine does not have (compile.py).
-    SPLITS is sized by the B rows that stages 2 and 3 read (one per sequence), never below MIN_SPLITS: a stage-3
+    SPLITS is sized by the B rows that stage 2 and its draw read (one per sequence), never below MIN_SPLITS: a drawing
     program scans its chunk tile after dependent tile, so the chunk must stay short whatever B. (Sized by stage 1's
     B·(γ+1) rows, B = 64 at V = 151 936 got 2 splits: 64 programs of 75 dependent tiles; on an H100 the step took
     256 µs in a CUDA graph against a 39 µs floor.)"""
@@ -399,12 +372,16 @@ def _plan(V: int, batch: int, device: torch.device | None, interpreted: bool, sm
 
 
 MIN_SPLITS = 16
+# Registers a stage-2 thread may use: all it needs (8 warps · 32 threads · 255 fit an SM's 65 536). Left to itself
+# ptxas held the kernel (with its draw) to 80 and spilled 4–80 bytes on sm_80/sm_90; told 255 it takes 95–192
+# (ptxas -v through kernels/compile.py, which tests/test_cli_verify_kernel.py reads: no spills).
+MAX_REGISTERS = 255
 
 
 def _warps(gamma_p2: int, splits_p2: int) -> int:
-    """Warps of a stage-2 or stage-3 program: its [GAMMA_P2, SPLITS_P2] tiles of split statistics spread at most
-    4 elements a thread (8 spilled on sm_80 at 32 × 32 with 4 warps)."""
-    return max(4, min(16, gamma_p2 * splits_p2 // 128))
+    """Warps of a stage-2 program: its [GAMMA_P2, SPLITS_P2] tiles of split statistics spread at most 4 elements a
+    thread (8 spilled on sm_80 at 32 × 32 with 4 warps), up to 8 warps (16 would cap a thread at 128 registers)."""
+    return max(4, min(8, gamma_p2 * splits_p2 // 128))
 
 
 def _last_dim_contiguous(t):
@@ -434,35 +411,27 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     assert chunk % block == 0 and splits == triton.cdiv(V, chunk), "a plan covers V in SPLITS chunks of whole BLOCKs"
     meta = dict(SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
     inv_t = 1.0 / temperature
-    # (2) allocate outputs
-    f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
-    row_max = torch.empty((B * (gamma + 1), splits), dtype=f32, device=device)
-    row_sum = torch.empty_like(row_max)
-    row_bad = torch.zeros((B * (gamma + 1), splits), dtype=i32, device=device)
-    n = torch.empty(B, dtype=i64, device=device)
-    lse_n = torch.empty(B, dtype=f32, device=device)
-    wsum = torch.empty((B, splits), dtype=f64, device=device)
-    psum = torch.empty_like(wsum)
-    draw_bad = torch.zeros((B, splits), dtype=i32, device=device)
-    out = torch.empty((B, gamma + 1), dtype=i64, device=device)
-    error = torch.empty(B, dtype=i32, device=device)
+    # (2) allocate: five buffers (each allocation costs host time every step), the scratch carved into named views
+    R, S = B * (gamma + 1), splits
+    stats = torch.empty((2, R, S), dtype=torch.float32, device=device)  # running max, Σ exp (stage 1)
+    sums = torch.empty((2, B, S), dtype=torch.float64, device=device)  # Σ residual, Σ p over each split of row n
+    flags = torch.zeros(2 * B + R * S + B * S, dtype=torch.int32, device=device)  # zeroed: the counts must start at 0
+    error, count = flags[:B], flags[B:2 * B]  # [B] error bits out (first: an output starts its storage); [B] splits done
+    row_bad, draw_bad = flags[2 * B:2 * B + R * S].view(R, S), flags[2 * B + R * S:].view(B, S)
+    n = torch.empty(B, dtype=torch.int64, device=device)  # accepted counts out (outputs may not share a buffer:
+    out = torch.empty((B, gamma + 1), dtype=torch.int64, device=device)  # the custom op's rule)
     strides = (*draft_tokens.stride(), *draft.stride()[:2], *target_logits.stride()[:2], *uniforms.stride())
     # (3) launch
     if not sigmoid:
-        _row_stats_kernel[(B * (gamma + 1), splits)](
-            target_logits, row_max, row_sum, row_bad, gamma, V, chunk, splits, *target_logits.stride()[:2], inv_t,
+        _row_stats_kernel[(R, S)](
+            target_logits, stats[0], stats[1], row_bad, gamma, V, chunk, S, *target_logits.stride()[:2], inv_t,
             BLOCK=block,
         )
     gamma_p2 = triton.next_power_of_2(gamma + 1)
-    shared = dict(GAMMA_P2=gamma_p2, SIGMOID=sigmoid, ONE_HOT=one_hot, num_warps=_warps(gamma_p2, meta["SPLITS_P2"]),
-                  **meta)
-    _accept_weights_kernel[(B, splits)](
-        draft_tokens, draft, target_logits, uniforms, row_max, row_sum, n, lse_n, wsum, psum, draw_bad,
-        gamma, V, chunk, splits, *strides, inv_t, alpha, beta, **shared,
-    )
-    _draw_kernel[(B,)](
-        draft_tokens, draft, target_logits, uniforms, n, lse_n, wsum, psum, row_max, row_bad, draw_bad, out, error,
-        gamma, V, chunk, splits, *strides, inv_t, alpha, beta, **shared,
+    _accept_draw_kernel[(B, S)](
+        draft_tokens, draft, target_logits, uniforms, stats[0], stats[1], row_bad, sums[0], sums[1], draw_bad, count,
+        n, out, error, gamma, V, chunk, S, *strides, inv_t, alpha, beta, GAMMA_P2=gamma_p2, SIGMOID=sigmoid,
+        ONE_HOT=one_hot, num_warps=_warps(gamma_p2, meta["SPLITS_P2"]), maxnreg=MAX_REGISTERS, **meta,
     )
     return out, n, error
 
@@ -484,7 +453,7 @@ def _(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha,
 
 
 def run_kernels(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha, beta):
-    """The three launches: through the custom op while torch.compile traces (it needs the op's fake shapes), a plain
+    """The two launches: through the custom op while torch.compile traces (it needs the op's fake shapes), a plain
     launch otherwise (the op's Python dispatch costs host time every step; a CUDA graph holds either)."""
     if torch.compiler.is_compiling():
         return verify_triton_op(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha, beta)

@@ -9,7 +9,7 @@ every p̂ is close to σ(0.5) ≈ 0.62, almost every draft token is accepted, an
 nearly uniform over the vocabulary. `specdec verify-kernel --mode sigmoid` measures how far it moves.
 
 Nothing needs a pass over every row: acceptance reads gathered scalars, the draw one row per sequence.
-The Triton kernel is stages 2 and 3 of kernels/exact.py with SIGMOID=True; below is its torch twin.
+The Triton kernel is stage 2 of kernels/exact.py (with its draw) with SIGMOID=True; below is its torch twin.
 """
 
 import math
@@ -71,7 +71,7 @@ def verify_sigmoid_torch(draft_tokens: torch.Tensor, draft_logits: torch.Tensor 
 def verify_sigmoid_triton(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None, target_logits: torch.Tensor,
                           uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
                           beta: float = 1e4) -> Verification:
-    """The Triton kernel (stages 2 and 3 of kernels/exact.py with SIGMOID); error flags unread, as exact's."""
+    """The Triton kernel (stage 2 of kernels/exact.py with SIGMOID); error flags unread, as exact's."""
     if draft_logits is None:
         raise ValueError("sigmoid verification needs the draft's logits")
     out, n, error = run_kernels(draft_tokens, draft_logits, target_logits, uniforms, temperature, True, alpha, beta)

@@ -61,7 +61,7 @@ def test_every_kernel_compiles_for_the_gpus_without_one(mode, arch):
     failed = [k for k in report["kernels"] if not k["ok"]]
     assert r.exit_code == 0 and report["passed"] and not failed, failed[:3]
     kernels = {(k["kernel"], k["dtype"]) for k in report["kernels"]}
-    stages = ({"_row_stats_kernel"} if mode == "exact" else set()) | {"_accept_weights_kernel", "_draw_kernel"}
+    stages = ({"_row_stats_kernel"} if mode == "exact" else set()) | {"_accept_draw_kernel"}
     assert kernels == {(s, d) for s in stages for d in ("float32", "bfloat16", "float16")}
     assert all(k["registers"] and k["spill_bytes"] == 0 and k["cubin_bytes"] > 0 for k in report["kernels"])
     assert len({(k["constexprs"].get("GAMMA_P2"), k["constexprs"].get("SPLITS_P2")) for k in report["kernels"]}) > 10

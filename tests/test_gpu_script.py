@@ -18,7 +18,7 @@ def test_make_gpu_runs_every_section_in_its_tiny_form(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((tmp_path / "gpu.json").read_text())
     sections = report["sections"]
-    assert list(sections) == ["plans", "rows", "kernels", "graph", "copy", "grid", "loop", "tests"]
+    assert list(sections) == ["plans", "rows", "kernels", "graph", "copy", "tests", "grid", "loop"]
     assert report["failed_sections"] == [] and sections["plans"]["skipped"] == sections["rows"]["skipped"] == "no CUDA device"
     assert report["tiny"] and sections["kernels"]["passed"] and sections["tests"]["passed"]
     assert all(run["passed"] for run in sections["kernels"]["runs"])

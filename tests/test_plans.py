@@ -63,7 +63,7 @@ def run_plan(mode, case, plan):
 
 def tiers():
     """(V, mode): exact at 32 000 and 51 865 in the fast tier (~6 and ~11 s), at every V of the GRID in the slow
-    one (~40 and ~80 s: the interpreter pays ~3 ms a tile); the one-hot and sigmoid paths of stages 2 and 3 at
+    one (~40 and ~80 s: the interpreter pays ~3 ms a tile); the one-hot and sigmoid paths of stage 2 and its draw at
     32 000 and 51 865, slow too (~8 s each)."""
     fast = [pytest.param(V, "exact") for V in (32000, 51865)]
     slow = [(V, "exact") for V in GRID["V"] if V > 51865] + [(V, m) for V in (32000, 51865) for m in ("one-hot", "sigmoid")]

@@ -1,16 +1,19 @@
 """Every GPU check in one run, written into one folder: `make gpu` on the GPU machine, within its 9 minutes.
 
-    1. kernels   the compiled kernels decision for decision against the reference (the torch path on cases too
+    1. plans     the launcher's SPLITS, today's two launches beside the previous three and FlashInfer: device time
+                 in a CUDA graph, time per eager call, host time per call (V = 151 936, γ = 5, B = 1, 8, 64)
+    2. rows      whether cuBLAS gives a row the same bits whatever the rows beside it (exact_rows' question)
+    3. kernels   the compiled kernels decision for decision against the reference (the torch path on cases too
                  large for plain loops), fp32/bf16/fp16, V up to 262 144, B 1 to 64, and the output distribution
                  over ≥ 100 000 draws by the kernel itself; sigmoid's distance to the target
-    2. graph     the exact step captured in a CUDA graph and replayed: same tokens as eager, time of both
-    3. copy      the device's copy bandwidth, the yardstick of the exact step's bytes
-    4. grid      `specdec bench --task synthetic` over V × γ × B for baseline, hf, exact, sigmoid and FlashInfer
+    4. graph     the exact step captured in a CUDA graph and replayed: same tokens as eager, time of both
+    5. copy      the device's copy bandwidth, the yardstick of the exact step's bytes
+    6. tests     the kernel tests (tests/test_verify.py) compiled on the device, when pytest is importable
+    7. grid      `specdec bench --task synthetic` over V × γ × B for baseline, hf, exact, sigmoid and FlashInfer
                  (when importable, its softmax included), bytes and achieved bandwidth per step
-    5. loop      decoding end to end on randomly initialised models of real shapes: a Llama-style ~1B target
+    8. loop      decoding end to end on randomly initialised models of real shapes: a Llama-style ~1B target
                  with its self:K draft, a Whisper-small-shaped decoder with its lean self draft; greedy output
                  against autoregressive, time per token per mode, the share of a step spent verifying
-    6. tests     the kernel tests (tests/test_verify.py) compiled on the device, when pytest is importable
 
 Needs only torch, triton and transformers (no network, no librosa, soundfile, jiwer, rouge-score, scipy).
 On a machine without CUDA, --tiny (the default there) runs the same code on small shapes: CI runs that, so
@@ -167,12 +170,51 @@ def copy_bandwidth(run: Run) -> dict:
     return {"gb_per_s": gbps, "bytes": 2 * a.numel() * 4}
 
 
+def _previous_launch():
+    """exact.launch as it was before the step became two launches (three launches, ten allocations), from the file
+    SPECDEC_PREV_EXACT names (`git show 6237eb1:kernels/exact.py`, its op renamed), to time beside today's; or None."""
+    path = os.environ.get("SPECDEC_PREV_EXACT")
+    if not path or not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location("specdec_cli.kernels._previous_exact", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.launch
+
+
+def _host_us(fn, calls: int = 200) -> float:
+    """Host time of one call: `calls` calls back to back with no synchronisation between them, over `calls` (the
+    device queues the work; this is what a step costs the CPU when the GPU is busy anyway)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def _graphed(fn):
+    """fn captured in a CUDA graph (after one eager call that compiles): (replay, the captured call's outputs)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g.replay, got
+
+
 def plans(run: Run) -> dict:
-    """The launcher's choices measured: each SPLITS at V = 151 936, γ = 5, B = 1, 8, 64, in a CUDA
-    graph (device time), its tokens against the torch path's; and the host cost of a step three ways (the custom op,
-    a plain launch, the verify() API with its error check), eager."""
+    """The launcher measured at V = 151 936, γ = 5, B = 1, 8, 64: SPLITS around its choice in a CUDA graph (device
+    time), tokens against the torch path's; then today's two launches beside the previous three (when
+    SPECDEC_PREV_EXACT names them) and FlashInfer (softmax + its kernel, when there): device time in a graph, time
+    per eager call from idle, and host time per call back to back."""
     import triton
 
+    from specdec_cli.bench import flashinfer_peer
     from specdec_cli.bench.timing import measure_side_by_side
     from specdec_cli.decoding.verify import verify
     from specdec_cli.kernels import exact
@@ -182,41 +224,44 @@ def plans(run: Run) -> dict:
     vocab, gamma, out = 151936, 5, {}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles = triton.cdiv(vocab, 1024)
+    previous = _previous_launch()
     for batch in (1, 8, 64):
         tokens, probs, logits, u = _exact_case(run, batch, vocab, gamma)
         want = exact.verify_exact_torch(tokens.cpu(), probs.cpu(), logits.cpu(), u.cpu()).out_tokens
-        old = max(1, min(tiles, triton.cdiv(4 * sms, batch * (gamma + 1)), 64))  # the rule before this run
-        variants, timings = {}, {}
         launcher = exact._plan(vocab, batch, None, False, sms=sms)
-        for splits in sorted({old, 4, 8, 16, 32, 64, launcher[1]}):
+        steps = {}  # name -> an eager call returning out_tokens first
+        for splits in sorted({8, 16, 32, 64, launcher[1]}):
             chunk = triton.cdiv(tiles, splits) * 1024
             plan = (1024, triton.cdiv(vocab, chunk), chunk)
-            fn = functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False, plan=plan)
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                got = fn()
-            g.replay()
-            torch.cuda.synchronize()
-            same = bool(torch.equal(got[0].cpu(), want))
-            name = f"splits={plan[1]}" + (" (old rule)" if splits == old else "") + (
-                " (launcher)" if plan == launcher else "")
-            variants[name] = g.replay
-            timings[name] = {"same_tokens_as_torch_path": same}
-        measured = measure_side_by_side(variants, device="cuda", repeat=100)
-        for name, t in measured.items():
+            name = f"splits={plan[1]}" + (" (launcher)" if plan == launcher else "")
+            steps[name] = functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False, plan=plan)
+        if previous is not None:
+            steps["three launches (before)"] = functools.partial(previous, tokens, probs, logits, u, 1.0, sigmoid=False)
+        if flashinfer_peer.source() is not None:
+            steps["flashinfer (softmax + kernel)"] = lambda p=probs, x=tokens, z=logits: (
+                flashinfer_peer.chain_speculative_sampling(p, x, torch.softmax(z.float(), dim=-1)),)
+        variants, timings = {}, {}
+        for name, fn in steps.items():
+            replay, got = _graphed(fn)
+            variants[name] = replay
+            timings[name] = {"same_tokens_as_torch_path": None if name.startswith("flashinfer") else
+                             bool(torch.equal(got[0].cpu(), want))}
+        for name, t in measure_side_by_side(variants, device="cuda", repeat=100).items():
             timings[name]["graph_us"] = t.median_ms * 1e3
-        step = torch.ops.specdec.verify_triton
-        eager = measure_side_by_side({
-            "custom op": functools.partial(step, tokens, probs, logits, u, 1.0, False, 0.0, 1.0),
-            "plain launch": functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False),
-            "verify() + check": functools.partial(lambda *a: verify("exact", *a).checked(), tokens, probs, logits, u)},
-            device="cuda", repeat=100)
-        out[f"B={batch}"] = {"graph": timings, "eager_us": {k: t.median_ms * 1e3 for k, t in eager.items()}}
-        run.log(f"plans B={batch}: " + ", ".join(f"{k} {v['graph_us']:.1f} µs{'' if v['same_tokens_as_torch_path'] else ' DIFFERS'}"
-                                                  for k, v in timings.items()))
-        run.log(f"plans B={batch} eager: " + ", ".join(f"{k} {t.median_ms * 1e3:.1f} µs" for k, t in eager.items()))
+        eager = {"two launches": functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False),
+                 "custom op": functools.partial(torch.ops.specdec.verify_triton, tokens, probs, logits, u, 1.0, False,
+                                                0.0, 1.0),
+                 "verify() + check": functools.partial(lambda *a: verify("exact", *a).checked(), tokens, probs, logits,
+                                                       u)}
+        eager.update({k: v for k, v in steps.items() if not k.startswith("splits")})
+        per_call = {k: t.median_ms * 1e3 for k, t in measure_side_by_side(eager, device="cuda", repeat=100).items()}
+        host = {k: _host_us(fn) for k, fn in eager.items() if k != "verify() + check"}  # that one synchronises
+        out[f"B={batch}"] = {"graph": timings, "eager_us": per_call, "host_us": host}
+        run.log(f"plans B={batch} graph: " + ", ".join(
+            f"{k} {v['graph_us']:.1f} µs{' DIFFERS' if v['same_tokens_as_torch_path'] is False else ''}"
+            for k, v in timings.items()))
+        run.log(f"plans B={batch} eager: " + ", ".join(f"{k} {v:.1f} µs" for k, v in per_call.items()))
+        run.log(f"plans B={batch} host: " + ", ".join(f"{k} {v:.1f} µs" for k, v in host.items()))
     return out
 
 
@@ -388,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", default=not torch.cuda.is_available(),
                     help="small shapes (the default without CUDA)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds after which no new section starts")
+    ap.add_argument("--only", default=None, help="comma-separated sections to run (default: all)")
     args = ap.parse_args(argv)
     run = Run(args.out, args.budget, args.tiny)
     from specdec_cli.bench.machine import machine_info
@@ -399,8 +445,9 @@ def main(argv: list[str] | None = None) -> int:
 
         run.report["machine"]["versions"]["triton"] = triton.__version__
     for name, fn in (("plans", plans), ("rows", rows), ("kernels", kernels), ("graph", graph), ("copy", copy_bandwidth),
-                     ("grid", grid), ("loop", loop), ("tests", tests)):
-        run.section(name, lambda fn=fn: fn(run))
+                     ("tests", tests), ("grid", grid), ("loop", loop)):
+        if args.only is None or name in args.only.split(","):
+            run.section(name, lambda fn=fn: fn(run))
     failed = [n for n, s in run.report["sections"].items() if "failed" in s or s.get("passed") is False]
     run.report["failed_sections"] = failed
     run.save()

@@ -132,7 +132,9 @@ def _expected_acceptance(case: dict) -> float:
 
 def _providers(modes, case, pool, config, sink: dict[str, list]) -> dict[str, Callable]:
     """Zero-argument callables, one verification step each. Every call takes the next uniform draw of
-    the pool (so acceptance is measured over many draws) and keeps its accepted count in sink[mode]."""
+    the pool (so acceptance is measured over many draws) and ends with its accepted counts on the host, in
+    sink[mode]: the one synchronisation a decoding step makes, in every provider alike (exact's error flags come
+    in the same copy)."""
     tokens, probs, logits, target = (case["draft_tokens"], case["draft_probs"], case["draft_logits"],
                                      case["target_logits"])
     B, G = tokens.shape
@@ -149,8 +151,8 @@ def _providers(modes, case, pool, config, sink: dict[str, list]) -> dict[str, Ca
             return torch.softmax(logits.float(), dim=-1) if mode == "baseline" else probs
 
         def step():
-            out = verify(mode, tokens, draft(), target, pool[len(calls) % len(pool)], **kwargs).checked()
-            calls.append(out.num_accepted)
+            out = verify(mode, tokens, draft(), target, pool[len(calls) % len(pool)], **kwargs)
+            calls.append(out.accepted())
             return out.out_tokens
 
         return step
@@ -165,7 +167,7 @@ def _providers(modes, case, pool, config, sink: dict[str, list]) -> dict[str, Ca
 
         def step():
             valid_tokens, n_matches = internals.speculative_sampling(candidate_input_ids, candidate_logits, G, new_logits)
-            calls.append(n_matches)
+            calls.append(n_matches.tolist() if torch.is_tensor(n_matches) else n_matches)
             return valid_tokens
 
         return step
@@ -177,7 +179,7 @@ def _providers(modes, case, pool, config, sink: dict[str, list]) -> dict[str, Ca
 
         def step():  # FlashInfer takes probabilities: the target's softmax is part of its step
             out = chain_speculative_sampling(probs, tokens, torch.softmax(target.float(), dim=-1))  # [B, γ+1], −1 padded
-            calls.append((out != -1).sum(dim=1) - 1)
+            calls.append(((out != -1).sum(dim=1) - 1).tolist())
             return out
 
         return step
