@@ -95,7 +95,7 @@ def main(argv=None):
     threads = torch.get_num_threads()
     names = args.contenders.split(",")
     print(f"# {cpu_model()}, {threads} threads, torch {torch.__version__}; qmatmul: {qmatmul.backend_line()}", flush=True)
-    opts = SummarizeOptions(mode="autoregressive")
+    opts = SummarizeOptions(mode="autoregressive", target_quant="gguf")
     target, _ = task.load_pair(opts, progress=False)
     prompt = task.encode(target.tokenizer, target.model, [task.read_article(args.article)], 100, False)[0]
     extra = [int(t) for t in target.tokenizer(" The study found that bumblebee colonies grew", add_special_tokens=False)
