@@ -1,10 +1,10 @@
 """Prompt lookup against the model draft and the target alone on the example articles: every contender in one
 run, interleaved article by article so that machine noise hits them alike. CLI defaults (greedy, bf16 where the
-CPU has it, the auto γ schedule, γ ≤ 4), all cores unless --threads.
+CPU has it, the auto γ schedule and its bound, --target-quant unless given), all cores unless --threads.
 
     autoregressive     the target alone (specdec's loop)
-    embedded           specdec's default: the 0.5B draft, int8, subset head, --draft-stop 0.4
-    lookup             prompt lookup, no second model (drafts/lookup.py)
+    embedded           the 0.5B draft, int8, subset head, --draft-stop 0.4 (the default draft before lookup)
+    lookup             prompt lookup, no second model (drafts/lookup.py): the default draft
     lookup+embedded    lookup where an n-gram matches, the model draft elsewhere
     hf-lookup          transformers' generate(prompt_lookup_num_tokens=γ) on the same target: the tool people use
     NAME@G             NAME with --gamma G (e.g. lookup@8: longer proposals)
@@ -46,12 +46,13 @@ def main():
     ap.add_argument("--articles", type=int, default=0, help="how many example articles (0 = all seven)")
     ap.add_argument("--contenders", default="autoregressive,embedded,lookup,lookup+embedded,hf-lookup")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores, torch's default)")
+    ap.add_argument("--target-quant", default=SummarizeOptions.target_quant, help="as summarize's --target-quant")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     articles = [task.read_article(p) for p in data_files("summarize", None)][: args.articles or None]
-    opts = SummarizeOptions()
+    opts = SummarizeOptions(draft="embedded", target_quant=args.target_quant)  # the CLI's defaults but these
     target, model_draft = task.load_pair(opts, progress=False)
     drafts = {"embedded": model_draft, "lookup": task.load_draft("lookup", target),
               "lookup+embedded": task.load_draft("lookup+embedded", target)}

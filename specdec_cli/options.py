@@ -185,28 +185,30 @@ class DecodeOptions:
         return self
 
 
-# Summarize: the embedded Qwen2.5-Coder 1.5B target and 0.5B draft. γ = 4 with draft-stop 0.4 was the best
-# pair measured on the embedded pair (2.62 -> 3.28 tok/s at γ = 4 on one article, bf16, 1 thread of a 2-core
-# Xeon; benchmarks/README.md), the 32 768-token draft head and int8 draft weights likewise.
+# Summarize: the embedded Qwen2.5-Coder 1.5B target on its GGUF blocks, drafted by prompt lookup with γ ≤ 8, chosen
+# by measurement over the seven example articles (benchmarks/lookup_speed.py, 2 threads, a quiet AMD EPYC, two runs
+# and one on the blocks, 2026-11-26; benchmarks/README.md): on bf16, lookup ran 1.71-1.74x the target alone where
+# the 0.5B model draft ran 1.49-1.56x (faster on 13 of 14 article runs); γ ≤ 4 / 8 / 12 within 1 % there, the
+# larger bounds ahead where a summary copies long phrases. On the blocks the target alone runs 2.1x bf16, lookup
+# 1.23x that (15.7 tokens/s, llama.cpp 16.1 on the same file), the model draft 0.89x (it costs 0.66 of a step).
+# The model draft's options (draft_vocab, draft_stop, int8) stay what was best for it: they apply to --draft
+# embedded and lookup+embedded.
 @dataclass(frozen=True)
 class SummarizeOptions(DecodeOptions):
-    draft: str = option("embedded", "Draft model: as --target, or self:K (the target's own first K layers); lookup "
+    draft: str = option("lookup", "Draft model: as --target, or self:K (the target's own first K layers); lookup "
                         "(prompt lookup, no model: the tokens that followed the longest tail seen earlier in the "
                         "article; lookup:N for tails of N tokens at most); lookup+DRAFT (lookup where a tail matches, "
                         "DRAFT elsewhere).")
-    gamma: int = 4
+    gamma: int = 8
     gamma_schedule: str = "auto"
     draft_vocab: int = 32768
     draft_stop: float = 0.4
     draft_quantized: bool = option(True, f"Give the draft int8 weights (CPU only) where they are not quantized "
                                    f"already (a draft on GGUF blocks keeps them): {_DRAFT_CHEAPER}.",
                                    flag="--draft-int8/--no-draft-int8")  # drafts/int8.py
-    # how the target's and a draft model's weights are held (models/weights.py). none by default: on GGUF blocks
-    # (kernels/qmatmul) a step is faster than bf16's, but a 9-row pass costs 1.7-3.6x a step and the draft 0.66 of a
-    # target step, so speculation on blocks gains nothing over the blocks alone (0.96x on a quiet 2-vCPU EPYC, 0.24-
-    # 0.48x under load: benchmarks/summarize-llama-cpp*), where bf16's speculation pays 1.47x; gguf's speculative
-    # wall was 8 % under bf16's on the quiet run, one run: to be decided by more
-    target_quant: str = option("none", "How the target's (and a draft model's) weights are held on a CPU: none (a "
+    # how the target's and a draft model's weights are held (models/weights.py): gguf by default, a GGUF on its own
+    # blocks (kernels/qmatmul), whose step costs ~0.4 of bf16's; on CUDA, and for a model that is not a GGUF, none
+    target_quant: str = option("gguf", "How the target's (and a draft model's) weights are held on a CPU: none (a "
                                "GGUF dequantized to --dtype, as on CUDA) | gguf (a GGUF runs on its own blocks, "
                                "exactly as the file means them: faster steps, costlier passes) | int8 | int4 (a "
                                "safetensors model quantized weight-only per group of 32 to Q8_0 / Q4_1 blocks: a "

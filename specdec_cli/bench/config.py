@@ -21,7 +21,7 @@ from specdec_cli import options
 from specdec_cli.bench import peers, runners
 from specdec_cli.bench.cases import case_bytes
 from specdec_cli.bench.machine import check_memory, load_average
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import SpecdecError, warn
 
 TASKS = ("synthetic", *runners.RUNNERS)
 # hf: transformers' _speculative_sampling; flashinfer: FlashInfer's chain_speculative_sampling (GPU, when installed)
@@ -217,11 +217,29 @@ class TaskConfig:
         for setting in runners.task_settings(self):
             for g in self.gammas:
                 setting.options.replace(gamma=g).validate()
+        self._drop_modes_the_draft_cannot_verify()
         if self.ray is not None:
             self._check_ray()  # the actors read the inputs: a bad one is left out of every contender, said in one line
         else:
             runners.read_inputs(self.task, runners.task_inputs(self)[0])
         return self
+
+    def _drop_modes_the_draft_cannot_verify(self) -> None:
+        """A deterministic draft (lookup, summarize's default) has no logits for sigmoid: such a mode is left out with
+        one line, or refused when it is the only one."""
+        from specdec_cli.drafts import check_mode
+
+        kept = []
+        for m in self.modes:
+            try:
+                for setting in runners.task_settings(self):
+                    check_mode(setting.options.replace(mode=m))
+                kept.append(m)
+            except SpecdecError as e:
+                if len(self.modes) == 1:
+                    raise
+                warn(f"--modes {m} left out: {e}")
+        self.modes = kept
 
     def _check_ray(self) -> None:
         """--ray runs one setting, every input once per contender, on actors of --ray-threads threads."""
