@@ -739,3 +739,19 @@ def test_peer_and_target_int8_bad_options_exit_2(args, message):
     assert r.exit_code == 2, r.output
     lines = _lines(r)
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.output, r.output
+
+
+def test_a_mode_the_draft_cannot_verify_is_left_out_in_one_line(articles_dir):
+    """summarize's default draft (lookup) hands sigmoid no logits: bench leaves sigmoid out with one warning, before any
+    model loads, and refuses a run of sigmoid alone."""
+    from specdec_cli.errors import SpecdecWarning
+
+    tc = config.TaskConfig("summarize", [3], ["baseline", "exact", "sigmoid"], options={"data": str(articles_dir)})
+    with pytest.warns(SpecdecWarning, match="--modes sigmoid left out: --mode sigmoid needs a model draft"):
+        tc.validate()
+    assert tc.modes == ["baseline", "exact"]
+    with pytest.raises(SpecdecError, match="--mode sigmoid needs a model draft"):
+        config.TaskConfig("summarize", [3], ["sigmoid"], options={"data": str(articles_dir)}).validate()
+    with_model = config.TaskConfig("summarize", [3], ["exact", "sigmoid"],
+                                   options={"data": str(articles_dir), "draft": "self:1"})
+    assert with_model.validate().modes == ["exact", "sigmoid"]
