@@ -215,7 +215,7 @@ def test_a_gguf_pair_runs_on_blocks_and_greedy_equals_autoregressive(cache_env):
         if spec != "lookup":
             head = d.loaded.model.get_output_embeddings()
             assert isinstance(head, SubsetHead) and isinstance(head.proj, GgufLinear)
-    assert task.SummarizeOptions().target_quant == "none"
+    assert task.SummarizeOptions().target_quant == "gguf"  # the default (the embedded target is a GGUF)
     bf16, _ = task.load_pair(opts.replace(target_quant="none", mode="autoregressive"), progress=False)
     assert bf16.weights == "none" and not gguf_layers(bf16.model)
     with pytest.raises(SpecdecError, match="is a GGUF: its own blocks run with --target-quant gguf"):

@@ -217,11 +217,11 @@ class TaskConfig:
         for setting in runners.task_settings(self):
             for g in self.gammas:
                 setting.options.replace(gamma=g).validate()
-        self._drop_modes_the_draft_cannot_verify()
         if self.ray is not None:
             self._check_ray()  # the actors read the inputs: a bad one is left out of every contender, said in one line
         else:
             runners.read_inputs(self.task, runners.task_inputs(self)[0])
+        self._drop_modes_the_draft_cannot_verify()  # last: a bad option is said alone, without this line before it
         return self
 
     def _drop_modes_the_draft_cannot_verify(self) -> None:
