@@ -355,8 +355,9 @@ def summarize(
 ):
     """Summarize articles with a causal-LM target and a cheaper draft.
 
-    The default pair is the embedded Qwen2.5-Coder 1.5B (target) and 0.5B
-    (draft). The summary goes to stdout, the decoding stats to stderr.
+    The default target is the embedded Qwen2.5-Coder 1.5B on its GGUF blocks,
+    drafted by prompt lookup (no second model); --draft embedded takes its
+    0.5B model draft. The summary goes to stdout, the decoding stats to stderr.
 
     [bold]Examples[/]
 
@@ -364,8 +365,8 @@ def summarize(
       specdec summarize --mode autoregressive examples/articles/*.txt
       cat article.txt | specdec summarize - --temperature 0.7 --seed 1 --json
       specdec summarize a.txt --target ./my-model --draft self:4
-      specdec summarize a.txt --draft lookup
-      specdec summarize a.txt --draft lookup+embedded
+      specdec summarize a.txt --draft embedded --mode sigmoid
+      specdec summarize a.txt --draft lookup+embedded --target-quant none
       specdec summarize articles/ --ray --output-dir summaries/ --skip-existing
     """
     from specdec_cli import render
