@@ -128,22 +128,13 @@ def graph(run: Run) -> dict:
     out = {}
     for batch in (1, 64):
         tokens, probs, logits, u = _exact_case(run, batch, 151936)
-        step = torch.ops.specdec.verify_triton
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up (compiles) off the capture
-            for _ in range(3):
-                step(tokens, probs, logits, u, 1.0, False, 0.0, 1.0)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            captured = step(tokens, probs, logits, u, 1.0, False, 0.0, 1.0)
+        step = functools.partial(torch.ops.specdec.verify_triton, tokens, probs, logits, u, 1.0, False, 0.0, 1.0)
+        replay, captured = _graphed(step)
         u.copy_(1 - torch.rand_like(u))  # new randomness into the captured input
-        g.replay()
-        eager = step(tokens, probs, logits, u, 1.0, False, 0.0, 1.0)
+        replay()
+        eager = step()
         same = all(torch.equal(a, b) for a, b in zip(captured, eager))
-        t = measure_side_by_side({"eager": functools.partial(step, tokens, probs, logits, u, 1.0, False, 0.0, 1.0),
-                                  "graph": g.replay}, device="cuda", repeat=200)
+        t = measure_side_by_side({"eager": step, "graph": replay}, device="cuda", repeat=200)
         out[f"B={batch}"] = {"same_tokens_as_eager": same, "eager_us": t["eager"].median_ms * 1e3,
                              "graph_us": t["graph"].median_ms * 1e3}
         run.log(f"graph B={batch}: same={same} eager {t['eager'].median_ms * 1e3:.1f} µs, graph {t['graph'].median_ms * 1e3:.1f} µs")
@@ -196,9 +187,14 @@ def _host_us(fn, calls: int = 200) -> float:
 
 
 def _graphed(fn):
-    """fn captured in a CUDA graph (after one eager call that compiles): (replay, the captured call's outputs)."""
-    fn()
-    torch.cuda.synchronize()
+    """fn captured in a CUDA graph, after warm-up calls on a side stream (they compile, which a capture must not):
+    (replay, the captured call's outputs, as of the last replay)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         got = fn()
