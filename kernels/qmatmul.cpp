@@ -4,15 +4,21 @@
 // The arithmetic, for one output (m, n). It is the same sequence whatever M, the thread count or the SIMD path:
 //
 //   groups      K is cut into groups of G elements: G = 256 for the K-quants (Q4_K, Q5_K, Q6_K), 32 otherwise.
-//   x           per group g of row m:  amax = max|x|,  inv = 32767 / amax,  xq_i = rint(x_i · inv) (int16),
-//               dx_g = amax / 32767;  and xs_j = Σ xq over each 32 elements j (int32).
+//   x           per group g of row m:  amax = max|x|,  inv = Q / amax,  xq_i = rint(x_i · inv),  dx_g = amax / Q,
+//               with Q = 127 (int8, as llama.cpp's Q8_K) for the K-quants, Q = 32767 (int16) for the others;
+//               and xs_j = Σ xq over each 32 elements j (int32).
 //   weights     per group: integer weights w_i and float scales, exactly as the file means them:
-//                 Q4_K, Q5_K  value = d·sc_j·q_i − dmin·m_j     w_i = sc_j·q_i      (≤ 63·31, int16)
-//                 Q6_K        value = d·sc_j·(q_i − 32)         w_i = sc_j·(q_i − 32) (|w| ≤ 4096)
+//                 Q4_K, Q5_K  value = d·sc_j·q_i − dmin·m_j     w_i = sc_j·q_i
+//                 Q6_K        value = d·sc_j·(q_i − 32)         w_i = sc_j·(q_i − 32)
 //                 Q8_0        value = d·q_i                     w_i = q_i
 //                 Q4_0, Q5_0  value = d·(q_i − 8 | 16)          w_i = q_i − 8 | 16
 //                 Q4_1, Q5_1  value = d·q_i + m                 w_i = q_i
-//   one group   isum_l = Σ w_i·xq_i over the i with (i mod 32) / 2 = l        16 int32 lanes: exact, any order
+//   kernel      the order a group's elements are multiplied in: position p holds element e(p). G = 32: e(p) = p.
+//   order       Q6_K: e(p) = p. Q4_K, Q5_K: e(p) = 32·SB[p / 32] + p mod 32 with SB = 0 2 1 3 4 6 5 7 (a 64-byte
+//               load of the file's nibbles holds sub-blocks 2c and 2c + 2 in its low nibbles, 2c + 1 and 2c + 3 in
+//               its high ones). x is stored in this order when it is quantized.
+//   one group   isum_l = Σ w_e(p)·xq_e(p) over the p with (p mod L) / (L / 16) = l     16 int32 lanes: exact, any order
+//               (L = 64 for the K-quants, 32 otherwise)
 //               acc_l  = acc_l + float(isum_l) · (d · dx_g)                    fp32, a multiply then an add
 //   minimums    per 32 elements j of the row: xsd_j = float(xs_j) · dx_g(j) (x's side, once per row) and
 //               mm_j = dmin_g · m_j (K-quants) or m_j (Q4_1, Q5_1; exact either way), zero past K / 32;
@@ -20,16 +26,17 @@
 //   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
 //               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
 //
-// Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type: 16 · 4096 · 32767 for Q6_K),
-// so the SIMD paths may add them in any order; every float operation is listed above, in that order, and the
-// file is compiled with -ffp-contract=off so that no multiply and add are fused. Each output is computed by one
-// thread, the work split over N only. So a row's result does not depend on the other rows, M, the thread count,
-// or the path (AVX-512 VNNI, AVX2, portable C++).
+// Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type), so the SIMD paths may add them
+// in any order; every float operation is listed above, in that order, and the file is compiled with
+// -ffp-contract=off so that no multiply and add are fused. Each output is computed by one thread, the work split
+// over N only. So a row's result does not depend on the other rows, M, the thread count, or the path (AVX-512 VNNI,
+// AVX2, portable C++).
 //
-// Cost: each weight group is unpacked once per call (per 64 rows of a long call) and applied to every row; a row
-// then costs one int16 multiply-add per weight pair (vpdpwssd: 32 per instruction) and a float step per group. The
-// AVX-512 path for the K-quants unpacks 8 groups of 2 weight rows at a time (they stay in L1) and holds a 2 × 4
-// tile of accumulators (weight rows × rows) in registers.
+// Cost: each weight group is unpacked once per call (per 64 rows of a long call) and applied to every row. The
+// K-quants stay unsigned bytes (their 4–6 bits): a row costs one vpmaddubsw (u8 × s8 pairs, 64 products) and one
+// vpdpwssd (the pairs times their sub-block scale, into int32) per 64 weights, and a float step per group. The
+// others are widened to int16 and cost one vpdpwssd per 32 weights. The AVX-512 path unpacks 8 groups of 2 weight
+// rows at a time (they stay in L1) and holds a 2 × 4 tile of accumulators (weight rows × rows) in registers.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -57,6 +64,7 @@ constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before 
 constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
 constexpr int PREFETCH_ROWS = 2;  // weight rows fetched ahead of the one being unpacked
 constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
+constexpr int SMALL_ROWS = 8;     // at most: K-quant groups unpacked in registers, not kept (fused8)
 constexpr int MANY_ROWS = 16;     // above: every weight row of a tile unpacked together (tile_kquant_many_avx512)
 
 struct Format {
@@ -240,6 +248,86 @@ void quantize_row_portable(const T* x, int64_t K, int G, int16_t* xq, float* dx,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// The K-quants (G = 256): int8 activations and weights as unsigned bytes, both in the kernel order (see the top).
+
+constexpr int SB[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // Q4_K/Q5_K: the sub-block at slot p / 32 (its own inverse)
+
+inline int sub_slot(int qtype, int j) { return qtype == Q6_K ? j : SB[j]; }  // where sub-block j's 32 elements sit
+
+// xq [M, K] int8 in the kernel order, dx [M, K / 256], xsd [M, S16] (natural j), and for Q6_K x32 [M, K / 2] int16:
+// 32·(xq_2t + xq_2t+1), the pairs vpmaddubsw takes away for Q6_K's offset (q − 32)
+template <typename T>
+void quantize_row8_portable(const T* x, int64_t K, int qtype, int8_t* xq, float* dx, float* xsd, int16_t* x32) {
+  for (int64_t g = 0; g < K / 256; g++) {
+    float amax = 0.f;
+    for (int i = 0; i < 256; i++) amax = std::max(amax, std::fabs(load_f(x, g * 256 + i)));
+    float inv = amax > 0.f ? 127.f / amax : 0.f;
+    dx[g] = amax / 127.f;
+    for (int j = 0; j < 8; j++) {
+      int8_t* q = xq + g * 256 + 32 * sub_slot(qtype, j);
+      int32_t t = 0;
+      for (int i = 0; i < 32; i++) {
+        float v = std::nearbyint(load_f(x, g * 256 + 32 * j + i) * inv);
+        q[i] = (int8_t)std::min(127.f, std::max(-127.f, v));
+        t += q[i];
+      }
+      xsd[g * 8 + j] = (float)t * dx[g];
+    }
+    if (x32)
+      for (int t = 0; t < 128; t++) x32[g * 128 + t] = (int16_t)(32 * (xq[g * 256 + 2 * t] + xq[g * 256 + 2 * t + 1]));
+  }
+  for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
+}
+
+// One K-quant group unpacked: u[p] the unsigned quant at kernel position p (Q4_K 0–15, Q5_K 0–31, Q6_K 0–63, its
+// value q − 32), s[i] the sub-block scale of positions 2i and 2i + 1 (int16), d.
+void unpack8_portable(int qtype, const uint8_t* b, uint8_t* u, int16_t* s, float& d) {
+  uint8_t q[256];
+  int16_t sc[256];  // per element, natural order
+  if (qtype == Q6_K) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t* s6 = (const int8_t*)(b + 192);
+    d = fp16_to_fp32(rd16(b + 208));
+    for (int h = 0; h < 2; h++)
+      for (int t = 0; t < 128; t++) {
+        int sh = t / 32, l = t % 32, e = 128 * h + t;
+        q[e] = (uint8_t)(((ql[64 * h + (sh & 1) * 32 + l] >> (4 * (sh >> 1))) & 15) | ((qh[32 * h + l] >> (2 * sh)) & 3) << 4);
+        sc[e] = s6[e / 16];
+      }
+  } else {  // Q4_K, Q5_K
+    const bool five = qtype == Q5_K;
+    int16_t s8[8];
+    int32_t mn[8];
+    d = fp16_to_fp32(rd16(b));
+    kquant_scales(b + 4, s8, mn);
+    const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
+    for (int c = 0; c < 4; c++)
+      for (int l = 0; l < 32; l++) {
+        int lo = qs[32 * c + l] & 15, hi = qs[32 * c + l] >> 4;
+        if (five) {
+          lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+          hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+        }
+        q[64 * c + l] = (uint8_t)lo;
+        q[64 * c + 32 + l] = (uint8_t)hi;
+        sc[64 * c + l] = s8[2 * c];
+        sc[64 * c + 32 + l] = s8[2 * c + 1];
+      }
+  }
+  for (int p = 0; p < 256; p++) {
+    const int e = 32 * sub_slot(qtype, p / 32) + p % 32;
+    u[p] = q[e];
+    if (p % 2 == 0) s[p / 2] = sc[e];
+  }
+}
+
+// isum_l over one group, from an unpacked group and x in the kernel order
+void isum8_portable(const uint8_t* u, const int16_t* s, const int8_t* x, bool q6, int32_t* lanes) {
+  for (int l = 0; l < 16; l++) lanes[l] = 0;
+  for (int p = 0; p < 256; p++) lanes[(p % 64) / 4] += (int32_t)s[p / 2] * ((int32_t)u[p] - (q6 ? 32 : 0)) * x[p];
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // The per-row float steps, shared by every path.
 
 inline float tree16(const float* a) {
@@ -255,7 +343,9 @@ struct Call {
   int64_t N, K, M, row_bytes, S16;
   int qtype;
   Format f;
-  const int16_t* xq;
+  const int16_t* xq;  // G = 32: [M, K]
+  const int8_t* xq8;  // G = 256: [M, K], the kernel order
+  const int16_t* x32; // Q6_K: [M, K / 2]
   const float* dx;
   const float* xsd;   // [M, S16]
   const float* bias;  // [N] or null
@@ -313,7 +403,8 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
   const int G = c.f.G;
   const int64_t groups = c.K / G;
   const bool mins = c.f.kmin || c.f.lmin;
-  alignas(64) int16_t w[256];
+  alignas(64) int16_t w[256], s8[128];
+  alignas(64) uint8_t u[256];
   std::vector<float> acc(ROW_TILE * 16), mm(c.S16);
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t mt = std::min<int64_t>(ROW_TILE, c.M - m0);
@@ -322,11 +413,13 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
       const uint8_t* row = c.w + n * c.row_bytes;
       for (int64_t g = 0; g < groups; g++) {
         Scales s;
-        unpack_portable(c.qtype, row + g * c.f.block_bytes, w, s);
+        if (G == 256) unpack8_portable(c.qtype, row + g * c.f.block_bytes, u, s8, s.d);
+        else unpack_portable(c.qtype, row + g * c.f.block_bytes, w, s);
         for (int64_t r = 0; r < mt; r++) {
           const int64_t m = m0 + r;
           int32_t lanes[16];
-          isum_portable(w, c.xq + m * c.K + g * G, G, lanes);
+          if (G == 256) isum8_portable(u, s8, c.xq8 + m * c.K + g * G, c.qtype == Q6_K, lanes);
+          else isum_portable(w, c.xq + m * c.K + g * G, G, lanes);
           float sc = s.d * c.dx[m * groups + g];
           for (int l = 0; l < 16; l++) acc[r * 16 + l] = acc[r * 16 + l] + (float)lanes[l] * sc;
         }
@@ -350,49 +443,53 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
 // fp16 → fp32 in hardware: the same exact value as fp16_to_fp32
 __attribute__((target("f16c"))) inline float f16c(uint16_t h) { return _cvtsh_ss(h); }
 
-AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
-  const __m256i lo4 = _mm256_set1_epi8(15);
-  if (qtype == Q4_K) {
-    s.d = f16c(rd16(b));
-    s.dmin = f16c(rd16(b + 2));
-    kquant_scales(b + 4, s.sc, s.mins);
-    const uint8_t* qs = b + 16;
-    for (int c = 0; c < 4; c++) {
-      __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
-      __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-      __m256i sl = _mm256_set1_epi16(s.sc[2 * c]), sh = _mm256_set1_epi16(s.sc[2 * c + 1]);
-      __m256i* o = (__m256i*)(w + 64 * c);
-      _mm256_store_si256(o + 0, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)), sl));
-      _mm256_store_si256(o + 1, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)), sl));
-      _mm256_store_si256(o + 2, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)), sh));
-      _mm256_store_si256(o + 3, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1)), sh));
-    }
-  } else if (qtype == Q6_K) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t* sc = (const int8_t*)(b + 192);
-    s.d = f16c(rd16(b + 208));
-    const __m256i three = _mm256_set1_epi8(3), k32 = _mm256_set1_epi16(32);
-    for (int h = 0; h < 2; h++) {
-      __m256i vh = _mm256_loadu_si256((const __m256i*)(qh + 32 * h));
-      for (int sh = 0; sh < 4; sh++) {
-        __m256i vl = _mm256_loadu_si256((const __m256i*)(ql + 64 * h + (sh & 1) * 32));
-        __m256i q = (sh >> 1) ? _mm256_and_si256(_mm256_srli_epi16(vl, 4), lo4) : _mm256_and_si256(vl, lo4);
-        __m256i hb = _mm256_and_si256(_mm256_srl_epi16(vh, _mm_cvtsi32_si128(2 * sh)), three);
-        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
-        int e = 128 * h + 32 * sh;
-        __m256i a = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), k32);
-        __m256i bq = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), k32);
-        _mm256_store_si256((__m256i*)(w + e), _mm256_mullo_epi16(a, _mm256_set1_epi16(sc[e / 16])));
-        _mm256_store_si256((__m256i*)(w + e + 16), _mm256_mullo_epi16(bq, _mm256_set1_epi16(sc[e / 16 + 1])));
-      }
-    }
-  } else if (qtype == Q8_0) {
+AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {  // G = 32
+  if (qtype == Q8_0) {
     s.d = f16c(rd16(b));
     __m256i v = _mm256_loadu_si256((const __m256i*)(b + 2));
     _mm256_store_si256((__m256i*)w, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
     _mm256_store_si256((__m256i*)(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
   } else {
     unpack_portable(qtype, b, w, s);
+  }
+}
+
+AVX2_FN inline __m256i shr(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+
+// unpack8_portable's values: each 32 positions (half h of chunk k) one ymm
+AVX2_FN void unpack8_avx2(int qtype, const uint8_t* b, uint8_t* u, int16_t* s, float& d) {
+  const __m256i lo4 = _mm256_set1_epi8(15);
+  if (qtype == Q6_K) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t* sc = (const int8_t*)(b + 192);
+    d = f16c(rd16(b + 208));
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int k = 0; k < 4; k++) {
+      const __m256i vh = _mm256_loadu_si256((const __m256i*)(qh + 32 * (k / 2)));
+      for (int h = 0; h < 2; h++) {  // elements 64k + 32h + l: the nibble k % 2 of ql, bits 2·(2(k % 2) + h) of qh
+        __m256i q = _mm256_and_si256(shr(_mm256_loadu_si256((const __m256i*)(ql + 64 * (k / 2) + 32 * h)), 4 * (k % 2)), lo4);
+        __m256i hb = _mm256_and_si256(shr(vh, 2 * (2 * (k % 2) + h)), three);
+        _mm256_store_si256((__m256i*)(u + 64 * k + 32 * h), _mm256_or_si256(q, _mm256_slli_epi16(hb, 4)));
+        const int e = 4 * k + 2 * h;  // the half's two 16-element scales
+        _mm256_store_si256((__m256i*)(s + 32 * k + 16 * h), _mm256_set_m128i(_mm_set1_epi16(sc[e + 1]), _mm_set1_epi16(sc[e])));
+      }
+    }
+  } else {  // Q4_K, Q5_K
+    const bool five = qtype == Q5_K;
+    int16_t s8[8];
+    int32_t mn[8];
+    d = f16c(rd16(b));
+    kquant_scales(b + 4, s8, mn);
+    const uint8_t* qs = b + (five ? 48 : 16);
+    const __m256i vh = five ? _mm256_loadu_si256((const __m256i*)(b + 16)) : _mm256_setzero_si256(), one = _mm256_set1_epi8(1);
+    for (int k = 0; k < 4; k++)
+      for (int h = 0; h < 2; h++) {
+        const int sb = SB[2 * k + h];  // its nibble sb % 2 of qs[32·(sb / 2) ..], its fifth bit bit sb of qh
+        __m256i q = _mm256_and_si256(shr(_mm256_loadu_si256((const __m256i*)(qs + 32 * (sb / 2))), 4 * (sb % 2)), lo4);
+        if (five) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(shr(vh, sb), one), 4));
+        _mm256_store_si256((__m256i*)(u + 64 * k + 32 * h), q);
+        _mm256_store_si256((__m256i*)(s + 32 * k + 16 * h), _mm256_set1_epi16(s8[sb]));
+      }
   }
 }
 
@@ -404,7 +501,9 @@ AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
   const int G = c.f.G, chunks = G / 32;
   const int64_t groups = c.K / G;
   const bool mins = c.f.kmin || c.f.lmin;
-  alignas(64) int16_t w[256];
+  const bool q6 = c.qtype == Q6_K;
+  alignas(64) int16_t w[256], s8[128];
+  alignas(64) uint8_t u[256];
   alignas(64) float acc[ROW_TILE * 16];
   std::vector<float> mm(c.S16);
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
@@ -414,14 +513,27 @@ AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
       const uint8_t* row = c.w + n * c.row_bytes;
       for (int64_t g = 0; g < groups; g++) {
         Scales s;
-        unpack_avx2(c.qtype, row + g * c.f.block_bytes, w, s);
+        if (G == 256) unpack8_avx2(c.qtype, row + g * c.f.block_bytes, u, s8, s.d);
+        else unpack_avx2(c.qtype, row + g * c.f.block_bytes, w, s);
         for (int64_t r = 0; r < mt; r++) {
           const int64_t m = m0 + r;
-          const int16_t* x = c.xq + m * c.K + g * G;
           __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-          for (int k = 0; k < chunks; k++) {
-            a0 = madd2(a0, _mm256_load_si256((const __m256i*)(w + 32 * k)), _mm256_loadu_si256((const __m256i*)(x + 32 * k)));
-            a1 = madd2(a1, _mm256_load_si256((const __m256i*)(w + 32 * k + 16)), _mm256_loadu_si256((const __m256i*)(x + 32 * k + 16)));
+          if (G == 256) {  // lanes 0–7: the first 32 positions of each 64, 8–15 the second
+            const int8_t* x = c.xq8 + m * c.K + g * 256;
+            for (int k = 0; k < 4; k++)
+              for (int h = 0; h < 2; h++) {
+                __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i*)(u + 64 * k + 32 * h)),
+                                                 _mm256_loadu_si256((const __m256i*)(x + 64 * k + 32 * h)));
+                if (q6) p = _mm256_sub_epi16(p, _mm256_loadu_si256((const __m256i*)(c.x32 + m * (c.K / 2) + g * 128 + 32 * k + 16 * h)));
+                __m256i& a = h ? a1 : a0;
+                a = madd2(a, p, _mm256_load_si256((const __m256i*)(s8 + 32 * k + 16 * h)));
+              }
+          } else {
+            const int16_t* x = c.xq + m * c.K + g * G;
+            for (int k = 0; k < chunks; k++) {
+              a0 = madd2(a0, _mm256_load_si256((const __m256i*)(w + 32 * k)), _mm256_loadu_si256((const __m256i*)(x + 32 * k)));
+              a1 = madd2(a1, _mm256_load_si256((const __m256i*)(w + 32 * k + 16)), _mm256_loadu_si256((const __m256i*)(x + 32 * k + 16)));
+            }
           }
           __m256 sc = _mm256_set1_ps(s.d * c.dx[m * groups + g]);
           float* ar = acc + r * 16;
@@ -517,15 +629,108 @@ VNNI_FN inline __attribute__((always_inline)) __m512 min_lanes_avx512(const floa
   return mn;
 }
 
-// One weight row unpacked whole: w[K] int16, d[K / G], mm[S16].
-struct RowBuf {
-  std::vector<int16_t> w;
-  std::vector<float> d, mm;
-  RowBuf(const Call& c, int64_t elements = -1) : w((elements < 0 ? c.K : elements) + 32), d(c.K / c.f.G), mm(c.S16) {}
+// unpack8_portable's values, a 64-position chunk a zmm: the file's 64-byte load of nibbles is one chunk as it is.
+// load8 reads a group's bytes into registers, chunk8 makes chunk k's quants and scales from them.
+struct Raw8 {
+  __m512i v0, v1;  // the nibbles: qs (Q4_K, Q5_K) or ql (Q6_K), bytes 0–63 and 64–127
+  __m512i h0, h1;  // Q5_K: qh twice (h0); Q6_K: qh bytes 0–31 (h0) and 32–63 (h1), each twice
+  __m512i scx;     // the sub-block scales as int16 (8 or 16)
+  float d;
+  uint64_t m8;     // Q4_K/Q5_K: the 8 six-bit minimums, byte j = m_j
 };
 
-// Groups [g0, g1) of weight row n: w[(g − g0)·G ..] int16, d[g], mm[g's 32-element blocks].
-VNNI_FN void unpack_groups_avx512(const Call& c, int64_t n, int64_t g0, int64_t g1, RowBuf& rb) {
+struct Index8 {  // the scale of positions 2i, 2i + 1 of chunk k: Q6_K sc[4k + i / 8], Q4_K/Q5_K sc[SB[2k + i / 16]]
+  alignas(64) int16_t q6[4][32], q45[4][32];
+  Index8() {
+    for (int k = 0; k < 4; k++)
+      for (int i = 0; i < 32; i++) q6[k][i] = (int16_t)(4 * k + i / 8), q45[k][i] = (int16_t)SB[2 * k + i / 16];
+  }
+};
+const Index8 INDEX8;
+
+VNNI_FN inline __m512i twice(const uint8_t* p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)p)); }
+
+template <int QT>
+VNNI_FN inline __attribute__((always_inline)) Raw8 load8(const uint8_t* b) {
+  Raw8 r;
+  if constexpr (QT == Q6_K) {
+    r.d = f16c(rd16(b + 208));
+    r.scx = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 192))));
+    r.v0 = _mm512_loadu_si512(b);
+    r.v1 = _mm512_loadu_si512(b + 64);
+    r.h0 = twice(b + 128);
+    r.h1 = twice(b + 160);
+  } else {
+    r.d = f16c(rd16(b));
+    uint64_t sc8;
+    kquant_scales8(b + 4, sc8, r.m8);
+    r.scx = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+    const uint8_t* qs = b + (QT == Q5_K ? 48 : 16);
+    r.v0 = _mm512_loadu_si512(qs);
+    r.v1 = _mm512_loadu_si512(qs + 64);
+    r.h0 = QT == Q5_K ? twice(b + 16) : _mm512_setzero_si512();
+    r.h1 = r.h0;
+  }
+  return r;
+}
+
+template <int QT>
+VNNI_FN inline __attribute__((always_inline)) void chunk8(const Raw8& r, int k, __m512i& w, __m512i& s) {
+  const __m512i lo4 = _mm512_set1_epi8(15);
+  const __m512i v = k / 2 ? r.v1 : r.v0;
+  w = _mm512_and_si512(k % 2 ? _mm512_srli_epi16(v, 4) : v, lo4);  // the nibble k % 2
+  if constexpr (QT == Q6_K) {  // qh's bits 2·(2(k % 2) + h) in half h
+    const long long a = 4 * (k % 2);
+    const __m512i hb = _mm512_srlv_epi64(k / 2 ? r.h1 : r.h0, _mm512_set_epi64(a + 2, a + 2, a + 2, a + 2, a, a, a, a));
+    w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(3)), 4));
+    s = _mm512_permutexvar_epi16(_mm512_load_si512(INDEX8.q6[k]), r.scx);
+  } else {
+    if constexpr (QT == Q5_K) {  // sub-blocks SB[2k], SB[2k + 1]: the fifth bit of sub-block sb is bit sb of qh
+      const long long a = SB[2 * k], c = SB[2 * k + 1];
+      const __m512i hb = _mm512_srlv_epi64(r.h0, _mm512_set_epi64(c, c, c, c, a, a, a, a));
+      w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(1)), 4));
+    }
+    s = _mm512_permutexvar_epi16(_mm512_load_si512(INDEX8.q45[k]), r.scx);
+  }
+}
+
+// A K-quant group's minimums dmin · float(m_j), 8 at once (group_mins' products); m8 from kquant_scales8
+VNNI_FN inline __attribute__((always_inline)) void mins8(const uint8_t* b, uint64_t m8, float* mm) {
+  __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)));
+  _mm256_storeu_ps(mm, _mm256_mul_ps(_mm256_set1_ps(f16c(rd16(b + 2))), mf));
+}
+
+template <int QT>
+VNNI_FN void unpack8_avx512_t(const uint8_t* b, uint8_t* u, int16_t* s, float& d) {
+  const Raw8 r = load8<QT>(b);
+  d = r.d;
+  for (int k = 0; k < 4; k++) {
+    __m512i w, sc;
+    chunk8<QT>(r, k, w, sc);
+    _mm512_storeu_si512(u + 64 * k, w);
+    _mm512_storeu_si512(s + 32 * k, sc);
+  }
+}
+
+VNNI_FN void unpack8_avx512(int qtype, const uint8_t* b, uint8_t* u, int16_t* s, float& d) {
+  if (qtype == Q6_K) unpack8_avx512_t<Q6_K>(b, u, s, d);
+  else if (qtype == Q5_K) unpack8_avx512_t<Q5_K>(b, u, s, d);
+  else unpack8_avx512_t<Q4_K>(b, u, s, d);
+}
+
+// Groups of one weight row, unpacked: G = 32: w int16 [K]; K-quants: u [groups · 256] and s [groups · 128] (a
+// chunk of GROUP_CHUNK groups at a time), d [K / G], mm [S16] (the minimums dmin·m_j or m, zero past K / 32).
+struct RowBuf {
+  std::vector<int16_t> w, s;
+  std::vector<uint8_t> u;
+  std::vector<float> d, mm;
+  RowBuf(const Call& c)
+      : w(c.f.G == 32 ? c.K : 0), s(c.f.G == 256 ? GROUP_CHUNK * 128 : 0), u(c.f.G == 256 ? GROUP_CHUNK * 256 : 0),
+        d(c.K / c.f.G), mm(c.S16) {}
+};
+
+// K-quants: groups [g0, g1) of weight row n into rb (u, s at g − g0; d and mm at g)
+VNNI_FN void unpack_groups8_avx512(const Call& c, int64_t n, int64_t g0, int64_t g1, RowBuf& rb) {
   const uint8_t* row = c.w + n * c.row_bytes;
   // the same bytes two rows ahead, a cache line at a time as these are read
   const uint8_t* ahead = n + PREFETCH_ROWS < c.N ? row + PREFETCH_ROWS * c.row_bytes : nullptr;
@@ -533,32 +738,38 @@ VNNI_FN void unpack_groups_avx512(const Call& c, int64_t n, int64_t g0, int64_t 
     const uint8_t* b = row + g * c.f.block_bytes;
     if (ahead)
       for (int64_t l = 0; l < c.f.block_bytes; l += 64) _mm_prefetch((const char*)(ahead + (b - row) + l), _MM_HINT_T0);
-    Scales s;
-    unpack_avx512(c.qtype, b, rb.w.data() + (g - g0) * c.f.G, s);
-    rb.d[g] = s.d;
-    if (c.f.kmin) {  // group_mins, 8 at once: dmin · float(m_j), the same products
+    unpack8_avx512(c.qtype, b, rb.u.data() + (g - g0) * 256, rb.s.data() + (g - g0) * 128, rb.d[g]);
+    if (c.f.kmin) {
       uint64_t sc8, m8;
       kquant_scales8(b + 4, sc8, m8);
-      __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)));
-      _mm256_storeu_ps(rb.mm.data() + g * 8, _mm256_mul_ps(_mm256_set1_ps(s.dmin), mf));
-    } else
-      group_mins(c.f, s, g, rb.mm.data());
+      mins8(b, m8, rb.mm.data() + g * 8);
+    }
   }
 }
 
-VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) { unpack_groups_avx512(c, n, 0, c.K / c.f.G, rb); }
+// G = 32: weight row n whole into rb (w, d, mm)
+VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) {
+  const uint8_t* row = c.w + n * c.row_bytes;
+  for (int64_t g = 0; g < c.K / 32; g++) {
+    Scales s;
+    unpack_avx512(c.qtype, row + g * c.f.block_bytes, rb.w.data() + g * 32, s);
+    rb.d[g] = s.d;
+    group_mins(c.f, s, g, rb.mm.data());
+  }
+}
 
-// NR weight rows × MR rows over groups [g0, g1) (G = 256): the accumulators stay in registers across the groups,
-// in accm [NR][ROW_TILE][16] between calls.
-template <int NR, int MR>
-VNNI_FN inline __attribute__((always_inline)) void micro256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1,
-                                                            int64_t m, int64_t mrow, float* accm) {
+// NR weight rows × MR rows over groups [g0, g1) of a K-quant: the accumulators stay in registers across the groups,
+// in accm [NR][ROW_TILE][16] between calls. Q6: take x32 away from the pairs (q − 32 = the value's quant).
+template <int NR, int MR, bool Q6>
+VNNI_FN inline __attribute__((always_inline)) void micro8(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1,
+                                                          int64_t m, int64_t mrow, float* accm) {
   const int64_t groups = c.K / 256;
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; r++)
     for (int i = 0; i < MR; i++) acc[r][i] = _mm512_load_ps(accm + (r * ROW_TILE + mrow + i) * 16);
-  const int16_t* xr[MR];
-  for (int i = 0; i < MR; i++) xr[i] = c.xq + (m + i) * c.K;
+  const int8_t* xr[MR];
+  const int16_t* x32[MR];
+  for (int i = 0; i < MR; i++) xr[i] = c.xq8 + (m + i) * c.K, x32[i] = Q6 ? c.x32 + (m + i) * (c.K / 2) : nullptr;
   // CH independent integer chains per accumulator (summed after: exact), so that a small tile is not bound by
   // vpdpwssd's latency
   constexpr int CH = NR * MR >= 8 ? 1 : NR * MR >= 4 ? 2 : 4;
@@ -567,12 +778,20 @@ VNNI_FN inline __attribute__((always_inline)) void micro256(const Call& c, RowBu
     for (int h = 0; h < CH; h++)
       for (int r = 0; r < NR; r++)
         for (int i = 0; i < MR; i++) is[h][r][i] = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k++) {
-      __m512i wv[NR], xv[MR];
-      for (int r = 0; r < NR; r++) wv[r] = _mm512_loadu_si512(rb[r]->w.data() + (g - g0) * 256 + 32 * k);
-      for (int i = 0; i < MR; i++) xv[i] = _mm512_loadu_si512(xr[i] + g * 256 + 32 * k);
-      for (int r = 0; r < NR; r++)
-        for (int i = 0; i < MR; i++) is[k % CH][r][i] = _mm512_dpwssd_epi32(is[k % CH][r][i], wv[r], xv[i]);
+    for (int k = 0; k < 4; k++) {
+      __m512i wv[NR], sv[NR];
+      for (int r = 0; r < NR; r++) {
+        wv[r] = _mm512_loadu_si512(rb[r]->u.data() + (g - g0) * 256 + 64 * k);
+        sv[r] = _mm512_loadu_si512(rb[r]->s.data() + (g - g0) * 128 + 32 * k);
+      }
+      for (int i = 0; i < MR; i++) {
+        const __m512i xv = _mm512_loadu_si512(xr[i] + g * 256 + 64 * k);
+        for (int r = 0; r < NR; r++) {
+          __m512i pr = _mm512_maddubs_epi16(wv[r], xv);  // u8 × s8, pairs: exact (|·| ≤ 2 · 63 · 127)
+          if constexpr (Q6) pr = _mm512_sub_epi16(pr, _mm512_loadu_si512(x32[i] + g * 128 + 32 * k));
+          is[k % CH][r][i] = _mm512_dpwssd_epi32(is[k % CH][r][i], pr, sv[r]);
+        }
+      }
     }
     for (int h = 1; h < CH; h++)
       for (int r = 0; r < NR; r++)
@@ -587,14 +806,104 @@ VNNI_FN inline __attribute__((always_inline)) void micro256(const Call& c, RowBu
     for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + mrow + i) * 16, acc[r][i]);
 }
 
+template <int NR, bool Q6>
+VNNI_FN void rows8(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1, int64_t m0, int64_t m1, float* accm) {
+  int64_t m = m0;
+  for (; m + 4 <= m1; m += 4) micro8<NR, 4, Q6>(c, rb, g0, g1, m, m - m0, accm);
+  switch (m1 - m) {
+    case 3: micro8<NR, 3, Q6>(c, rb, g0, g1, m, m - m0, accm); break;
+    case 2: micro8<NR, 2, Q6>(c, rb, g0, g1, m, m - m0, accm); break;
+    case 1: micro8<NR, 1, Q6>(c, rb, g0, g1, m, m - m0, accm); break;
+  }
+}
+
 template <int NR>
 VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1, int64_t m0, int64_t m1, float* accm) {
-  int64_t m = m0;
-  for (; m + 4 <= m1; m += 4) micro256<NR, 4>(c, rb, g0, g1, m, m - m0, accm);
-  switch (m1 - m) {
-    case 3: micro256<NR, 3>(c, rb, g0, g1, m, m - m0, accm); break;
-    case 2: micro256<NR, 2>(c, rb, g0, g1, m, m - m0, accm); break;
-    case 1: micro256<NR, 1>(c, rb, g0, g1, m, m - m0, accm); break;
+  if (c.qtype == Q6_K) rows8<NR, true>(c, rb, g0, g1, m0, m1, accm);
+  else rows8<NR, false>(c, rb, g0, g1, m0, m1, accm);
+}
+
+// Small calls (M ≤ SMALL_ROWS): NR weight rows × MR rows over every group, each group unpacked in
+// registers (load8, chunk8: the integers of the buffered path, no buffer) and its minimums into rb's mm; the float
+// steps those of micro8, in the same order. The result in accm [NR][ROW_TILE][16].
+template <int NR, int MR, int QT>
+VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
+  const int64_t groups = c.K / 256;
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+  const int8_t* xr[MR];
+  const int16_t* x32[MR];
+  for (int i = 0; i < MR; i++) xr[i] = c.xq8 + i * c.K, x32[i] = QT == Q6_K ? c.x32 + i * (c.K / 2) : nullptr;
+  const uint8_t* row[NR];
+  for (int r = 0; r < NR; r++) row[r] = c.w + (n + r) * c.row_bytes;
+  const bool ahead = n + NR - 1 + PREFETCH_ROWS < c.N;  // the same bytes two rows ahead, as these are read
+  constexpr int CH = 1;  // each group's sums are independent of the last one's: no chains to split
+  for (int64_t g = 0; g < groups; g++) {
+    Raw8 raw[NR];
+    for (int r = 0; r < NR; r++) {
+      const uint8_t* b = row[r] + g * c.f.block_bytes;
+      if (ahead)
+        for (int64_t l = 0; l < c.f.block_bytes; l += 64) _mm_prefetch((const char*)(b + PREFETCH_ROWS * c.row_bytes + l), _MM_HINT_T0);
+      raw[r] = load8<QT>(b);
+      if constexpr (QT != Q6_K) mins8(b, raw[r].m8, rb[r]->mm.data() + g * 8);
+    }
+    __m512i is[CH][NR][MR];
+    for (int h = 0; h < CH; h++)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[h][r][i] = _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++) {
+      __m512i wv[NR], sv[NR];
+      for (int r = 0; r < NR; r++) chunk8<QT>(raw[r], k, wv[r], sv[r]);
+      for (int i = 0; i < MR; i++) {
+        const __m512i xv = _mm512_loadu_si512(xr[i] + g * 256 + 64 * k);
+        for (int r = 0; r < NR; r++) {
+          __m512i pr = _mm512_maddubs_epi16(wv[r], xv);
+          if constexpr (QT == Q6_K) pr = _mm512_sub_epi16(pr, _mm512_loadu_si512(x32[i] + g * 128 + 32 * k));
+          is[k % CH][r][i] = _mm512_dpwssd_epi32(is[k % CH][r][i], pr, sv[r]);
+        }
+      }
+    }
+    for (int h = 1; h < CH; h++)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_add_epi32(is[0][r][i], is[h][r][i]);
+    for (int r = 0; r < NR; r++)
+      for (int i = 0; i < MR; i++) {
+        float sc = raw[r].d * c.dx[i * groups + g];
+        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[0][r][i]), _mm512_set1_ps(sc)));
+      }
+  }
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + i) * 16, acc[r][i]);
+}
+
+// One weight row at a time (with two, their registers spill to the stack: slower)
+template <int QT>
+VNNI_FN void small8_t(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
+  switch (c.M) {
+    case 1: return fused8<1, 1, QT>(c, rb, n, accm);
+    case 2: return fused8<1, 2, QT>(c, rb, n, accm);
+    case 3: return fused8<1, 3, QT>(c, rb, n, accm);
+    case 4: return fused8<1, 4, QT>(c, rb, n, accm);
+    case 5: return fused8<1, 5, QT>(c, rb, n, accm);
+    case 6: return fused8<1, 6, QT>(c, rb, n, accm);
+    case 7: return fused8<1, 7, QT>(c, rb, n, accm);
+    case 8: return fused8<1, 8, QT>(c, rb, n, accm);
+  }
+}
+
+VNNI_FN void small8(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
+  if (c.qtype == Q6_K) small8_t<Q6_K>(c, rb, n, accm);
+  else if (c.qtype == Q5_K) small8_t<Q5_K>(c, rb, n, accm);
+  else small8_t<Q4_K>(c, rb, n, accm);
+}
+
+// The minimums and the trees of weight row n for rows [m0, m1), from acc [ROW_TILE][16]
+VNNI_FN void finish_rows(const Call& c, const RowBuf& rb, int64_t n, int64_t m0, int64_t m1, const float* acc) {
+  for (int64_t m = m0; m < m1; m++) {
+    float ymn = 0.f;
+    if (c.f.kmin || c.f.lmin) ymn = tree16_avx512(min_lanes_avx512(rb.mm.data(), c.xsd + m * c.S16, c.S16));
+    c.y[m * c.N + n] = finish(c, tree16_avx512(_mm512_load_ps(acc + (m - m0) * 16)), ymn, n);
   }
 }
 
@@ -607,15 +916,10 @@ VNNI_FN void rows_kquant(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0
     for (int64_t i = 0; i < m1 - m0; i++) _mm512_store_ps(accm + (r * ROW_TILE + i) * 16, _mm512_setzero_ps());
   for (int64_t g0 = 0; g0 < groups; g0 += GROUP_CHUNK) {
     const int64_t g1 = std::min<int64_t>(groups, g0 + GROUP_CHUNK);
-    for (int r = 0; r < NR; r++) unpack_groups_avx512(c, n + r, g0, g1, *rb[r]);
+    for (int r = 0; r < NR; r++) unpack_groups8_avx512(c, n + r, g0, g1, *rb[r]);
     rows256<NR>(c, rb, g0, g1, m0, m1, accm);
   }
-  for (int r = 0; r < NR; r++)
-    for (int64_t m = m0; m < m1; m++) {
-      float ymn = 0.f;
-      if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rb[r]->mm.data(), c.xsd + m * c.S16, c.S16));
-      c.y[m * c.N + n + r] = finish(c, tree16_avx512(_mm512_load_ps(accm + (r * ROW_TILE + (m - m0)) * 16)), ymn, n + r);
-    }
+  for (int r = 0; r < NR; r++) finish_rows(c, *rb[r], n + r, m0, m1, accm + r * ROW_TILE * 16);
 }
 
 // K-quants, many rows (a prompt): every weight row of the tile unpacked a chunk of groups at a time (in L2), applied
@@ -625,7 +929,7 @@ VNNI_FN void tile_kquant_many_avx512(const Call& c, int64_t n0, int64_t n1) {
   const int64_t groups = c.K / 256, nt = n1 - n0;
   std::vector<RowBuf> rbs;
   rbs.reserve(nt);
-  for (int64_t r = 0; r < nt; r++) rbs.emplace_back(c, GROUP_CHUNK * 256);
+  for (int64_t r = 0; r < nt; r++) rbs.emplace_back(c);
   std::vector<float> accv(nt * ROW_TILE * 16 + 16);
   float* acc = (float*)(((uintptr_t)accv.data() + 63) & ~(uintptr_t)63);  // [nt][ROW_TILE][16], 64-byte aligned
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
@@ -633,7 +937,7 @@ VNNI_FN void tile_kquant_many_avx512(const Call& c, int64_t n0, int64_t n1) {
     std::fill(acc, acc + nt * ROW_TILE * 16, 0.f);
     for (int64_t g0 = 0; g0 < groups; g0 += GROUP_CHUNK) {
       const int64_t g1 = std::min<int64_t>(groups, g0 + GROUP_CHUNK);
-      for (int64_t r = 0; r < nt; r++) unpack_groups_avx512(c, n0 + r, g0, g1, rbs[r]);
+      for (int64_t r = 0; r < nt; r++) unpack_groups8_avx512(c, n0 + r, g0, g1, rbs[r]);
       int64_t r = 0;
       for (; r + 2 <= nt; r += 2) {
         RowBuf* two[2] = {&rbs[r], &rbs[r + 1]};
@@ -644,26 +948,26 @@ VNNI_FN void tile_kquant_many_avx512(const Call& c, int64_t n0, int64_t n1) {
         rows256<1>(c, one, g0, g1, m0, m1, acc + r * ROW_TILE * 16);
       }
     }
-    for (int64_t r = 0; r < nt; r++)
-      for (int64_t m = m0; m < m1; m++) {
-        float ymn = 0.f;
-        if (c.f.kmin) ymn = tree16_avx512(min_lanes_avx512(rbs[r].mm.data(), c.xsd + m * c.S16, c.S16));
-        c.y[m * c.N + n0 + r] = finish(c, tree16_avx512(_mm512_load_ps(acc + (r * ROW_TILE + (m - m0)) * 16)), ymn, n0 + r);
-      }
+    for (int64_t r = 0; r < nt; r++) finish_rows(c, rbs[r], n0 + r, m0, m1, acc + r * ROW_TILE * 16);
   }
 }
 
 VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
   if (c.f.G == 256 && c.M > MANY_ROWS) return tile_kquant_many_avx512(c, n0, n1);
-  const int G = c.f.G;
-  const int64_t groups = c.K / G;
-  const bool mins = c.f.kmin || c.f.lmin;
+  const int64_t groups = c.K / c.f.G;
   RowBuf b0(c), b1(c);
   RowBuf* rb[2] = {&b0, &b1};
   alignas(64) float accm[2 * ROW_TILE * 16];  // [NR][ROW_TILE] zmm
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
-    if (G == 256) {
+    if (c.f.G == 256 && c.M <= SMALL_ROWS) {
+      for (int64_t n = n0; n < n1; n++) {
+        small8(c, rb, n, accm);
+        finish_rows(c, b0, n, 0, c.M, accm);
+      }
+      continue;
+    }
+    if (c.f.G == 256) {
       int64_t n = n0;
       for (; n + 2 <= n1; n += 2) rows_kquant<2>(c, rb, n, m0, m1, accm);
       if (n < n1) rows_kquant<1>(c, rb, n, m0, m1, accm);
@@ -680,9 +984,9 @@ VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
           float sc = b0.d[g] * c.dx[m * groups + g];
           acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(sc)));
         }
-        float ymn = mins ? tree16_avx512(min_lanes_avx512(b0.mm.data(), c.xsd + m * c.S16, c.S16)) : 0.f;
-        c.y[m * c.N + n] = finish(c, tree16_avx512(acc), ymn, n);
+        _mm512_store_ps(accm + (m - m0) * 16, acc);
       }
+      finish_rows(c, b0, n, m0, m1, accm);
     }
   }
 }
@@ -717,6 +1021,45 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, floa
       _mm256_storeu_si256((__m256i*)(xq + g * G + i + 16), _mm512_cvtepi32_epi16(b));
       xsd[(g * G + i) / 32] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)) * dx[g];
     }
+  }
+  for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
+}
+
+// quantize_row8_portable's values with AVX-512
+template <typename T>
+VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, float* dx, float* xsd, int16_t* x32) {
+  alignas(64) float buf[256];
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  for (int64_t g = 0; g < K / 256; g++) {
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 0; i < 256; i += 16) {
+      __m512 v;
+      if constexpr (std::is_same_v<T, float>) {
+        v = _mm512_loadu_ps(x + g * 256 + i);
+      } else {  // bf16: the upper half of an fp32
+        v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(x + g * 256 + i))), 16));
+      }
+      _mm512_store_ps(buf + i, v);
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    float amax = _mm512_reduce_max_ps(mx);
+    float inv = amax > 0.f ? 127.f / amax : 0.f;
+    dx[g] = amax / 127.f;
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (int j = 0; j < 8; j++) {  // rint under the default rounding (to nearest, ties to even); ±127 at most
+      __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(buf + 32 * j), iv));
+      __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(buf + 32 * j + 16), iv));
+      a = _mm512_max_epi32(_mm512_min_epi32(a, lim), nlim);
+      b = _mm512_max_epi32(_mm512_min_epi32(b, lim), nlim);
+      int8_t* q = xq + g * 256 + 32 * sub_slot(qtype, j);
+      _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(a));
+      _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(b));
+      xsd[g * 8 + j] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)) * dx[g];
+    }
+    if (x32)  // 32·(x_2t + x_2t+1): vpmaddubsw with 32 as the unsigned side, as the kernel's pairs are formed
+      for (int k = 0; k < 4; k++)
+        _mm512_storeu_si512(x32 + g * 128 + 32 * k,
+                            _mm512_maddubs_epi16(_mm512_set1_epi8(32), _mm512_loadu_si512(xq + g * 256 + 64 * k)));
   }
   for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
 }
@@ -772,17 +1115,27 @@ int best_path() {
   return p;
 }
 
+// Every row's activations (see the top): G = 32 into xq, the K-quants into xq8 (and x32 for Q6_K)
 template <typename T>
-void quantize_rows(const T* x, int64_t M, int64_t K, int G, int path, int16_t* xq, float* dx, float* xsd) {
-  at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
+void quantize_rows(const T* x, const Call& c, int path) {
+  const int64_t K = c.K, G = c.f.G;
+  at::parallel_for(0, c.M, 4, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
+      float *dx = const_cast<float*>(c.dx) + m * (K / G), *xsd = const_cast<float*>(c.xsd) + m * c.S16;
+      if (G == 256) {
+        int8_t* xq = const_cast<int8_t*>(c.xq8) + m * K;
+        int16_t* x32 = c.x32 ? const_cast<int16_t*>(c.x32) + m * (K / 2) : nullptr;
 #if QMM_X86
-      if (path == AVX512VNNI) {
-        quantize_row_avx512<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xsd + m * s16(K));
+        if (path == AVX512VNNI) { quantize_row8_avx512<T>(x + m * K, K, c.qtype, xq, dx, xsd, x32); continue; }
+#endif
+        quantize_row8_portable<T>(x + m * K, K, c.qtype, xq, dx, xsd, x32);
         continue;
       }
+      int16_t* xq = const_cast<int16_t*>(c.xq) + m * K;
+#if QMM_X86
+      if (path == AVX512VNNI) { quantize_row_avx512<T>(x + m * K, K, (int)G, xq, dx, xsd); continue; }
 #endif
-      quantize_row_portable<T>(x + m * K, K, G, xq + m * K, dx + m * (K / G), xsd + m * s16(K));
+      quantize_row_portable<T>(x + m * K, K, (int)G, xq, dx, xsd);
     }
   });
 }
@@ -804,20 +1157,23 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   const int64_t M = x.size(0);
   auto out = torch::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return out.to(x.scalar_type());
-  std::vector<int16_t> xq(M * K);
-  std::vector<float> dx(M * (K / f.G));
-  std::vector<float> xsd(M * s16(K));
-  if (x.scalar_type() == at::kFloat)
-    quantize_rows<float>(x.data_ptr<float>(), M, K, f.G, (int)path, xq.data(), dx.data(), xsd.data());
-  else
-    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), M, K, f.G, (int)path, xq.data(), dx.data(), xsd.data());
   torch::Tensor b;
   if (bias && bias->defined()) {
     b = bias->to(at::kFloat).contiguous();
     TORCH_CHECK(b.numel() == N, "qmatmul: bias must be [N]");
   }
-  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, xq.data(), dx.data(), xsd.data(),
-         b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>()};
+  const bool k8 = f.G == 256;
+  std::vector<int16_t> xq(k8 ? 0 : M * K), x32(qtype == Q6_K ? M * K / 2 : 0);
+  std::vector<int8_t> xq8(k8 ? M * K : 0);
+  std::vector<float> dx(M * (K / f.G));
+  std::vector<float> xsd(M * s16(K));
+  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, xq.data(), xq8.data(),
+         x32.empty() ? nullptr : x32.data(), dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr,
+         out.data_ptr<float>()};
+  if (x.scalar_type() == at::kFloat)
+    quantize_rows<float>(x.data_ptr<float>(), c, (int)path);
+  else
+    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, (int)path);
   const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t a = n0; a < n1; a += NB) {
@@ -841,7 +1197,8 @@ torch::Tensor dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
               "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
   auto out = torch::empty({N, K}, torch::kFloat);
-  Call c{w.data_ptr<uint8_t>(), N, K, 0, row_bytes, s16(K), (int)qtype, f, nullptr, nullptr, nullptr, nullptr, nullptr};
+  Call c{w.data_ptr<uint8_t>(), N, K, 0, row_bytes, s16(K), (int)qtype, f, nullptr, nullptr, nullptr, nullptr, nullptr,
+         nullptr, nullptr};
   float* o = out.data_ptr<float>();
   const int path = best_path();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {

@@ -5,10 +5,11 @@
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
 
-The kernel quantizes each row's activations to int16 per group of 256 (K-quants) or 32 elements and multiplies
-integers, so a row's result does not depend on the other rows of its call, on M, on the thread count or on the SIMD
-path; it differs from reference_mm by the int16 rounding of x (at most amax / 65534 per element, amax being the
-largest |x| of the element's group) and fp32 accumulation.
+The kernel quantizes each row's activations per group, to int8 per 256 elements for the K-quants (as llama.cpp's
+Q8_K) and to int16 per 32 for the others, and multiplies integers, so a row's result does not depend on the other rows
+of its call, on M, on the thread count or on the SIMD path; it differs from reference_mm by that rounding of x (at
+most amax / 254, or amax / 65534, per element, amax being the largest |x| of the element's group) and fp32
+accumulation.
 
 Built with torch.utils.cpp_extension (a C++ compiler is needed at first use; no network) into
 $SPECDEC_CACHE/kernels/<key> (else the user cache dir, as for models), the key naming the source's hash, torch's
@@ -155,15 +156,23 @@ def _pad16(t: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_rows(x: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] -> xq [M, K] int64 (|xq| ≤ 32767), dx [M, K / G] fp32, xsd [M, S16] fp32 (sums per 32 · dx)."""
+    """x [M, K] -> xq [M, K] int64 (|xq| ≤ Q: 127 for the K-quants' G = 256, else 32767), dx [M, K / G] fp32,
+    xsd [M, S16] fp32 (sums per 32 · dx). xq in the natural order."""
     M, K = x.shape
+    Q = 127.0 if G == 256 else 32767.0
     xf = x.float().reshape(M, K // G, G)
     amax = xf.abs().amax(-1)
-    inv = torch.where(amax > 0, torch.tensor(32767.0) / amax, torch.zeros(()))
-    dx = amax / torch.tensor(32767.0)
-    xq = torch.round(xf * inv.unsqueeze(-1)).clamp_(-32767, 32767).to(torch.int64).reshape(M, K)
+    inv = torch.where(amax > 0, torch.tensor(Q) / amax, torch.zeros(()))
+    dx = amax / torch.tensor(Q)
+    xq = torch.round(xf * inv.unsqueeze(-1)).clamp_(-Q, Q).to(torch.int64).reshape(M, K)
     xsd = xq.reshape(M, K // 32, 32).sum(-1).float() * dx.repeat_interleave(G // 32, 1)
     return xq, dx, _pad16(xsd)
+
+
+def kernel_order(name: str) -> torch.Tensor:
+    """[256] the element at each position of a K-quant group as the kernel multiplies it (qmatmul.cpp's top)."""
+    slots = list(range(8)) if name == "q6_k" else [0, 2, 1, 3, 4, 6, 5, 7]
+    return (torch.tensor(slots).unsqueeze(1) * 32 + torch.arange(32)).flatten()
 
 
 def _tree(a: torch.Tensor) -> torch.Tensor:
@@ -181,14 +190,16 @@ def twin_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
     G = 256 if name.endswith("_k") else 32
     xq, dx, xsd = quantize_rows(x, G)
     M, groups = x.shape[0], K // G
-    xl = xq.double().reshape(M, groups, G // 32, 16, 2)
+    L = 64 if G == 256 else 32  # isum_l: the positions p with (p mod L) / (L / 16) = l, in the kernel order
+    order = kernel_order(name) if G == 256 else torch.arange(G)
+    xl = xq.double().reshape(M, groups, G)[..., order].reshape(M, groups, G // L, 16, L // 16)
     rb = gb.row_bytes(name, K)
     blocks = blocks.reshape(N, rb)
     out = []
     for n0 in range(0, N, chunk):
         n1 = min(N, n0 + chunk)
         u = gb.unpack(name, blocks[n0:n1], n1 - n0, K)
-        wl = u.w.double().reshape(n1 - n0, groups, G // 32, 16, 2)
+        wl = u.w.double().reshape(n1 - n0, groups, G)[..., order].reshape(n1 - n0, groups, G // L, 16, L // 16)
         isum = torch.einsum("ngclp,mgclp->mngl", wl, xl)  # exact integers (< 2³¹) in fp64
         acc = torch.zeros(M, n1 - n0, 16)
         for g in range(groups):

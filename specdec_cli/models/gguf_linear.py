@@ -8,8 +8,9 @@ A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) multiplies the sa
 
 Each row of a call computes alike whatever the other rows (kernels/qmatmul.cpp), so with exact_rows' attention a
 multi-token pass gives every token the bits of a one-token step, and greedy speculative output is the
-autoregressive output of this model. It is the model the file means (weights exact, activations rounded to int16 per
-group of 256 or 32 inside each product), not the bf16-dequantized one: its logits differ from that one's slightly.
+autoregressive output of this model. It is the model the file means (weights exact; activations rounded inside each
+product, to int8 per group of 256 for the K-quants as llama.cpp does, to int16 per 32 for the others), not the
+bf16-dequantized one: its logits differ from that one's slightly.
 """
 
 from __future__ import annotations
