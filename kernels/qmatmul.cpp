@@ -1064,8 +1064,16 @@ VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, 
   for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
 }
 
-// Weight rows [n0, n1) as the fp32 values the file means (dequantize, below): d·w − dmin·m_j, d·w + m, or d·w.
-VNNI_FN void dequantize_rows_avx512(const Call& c, int64_t n0, int64_t n1, float* out) {
+// Weight rows [n0, n1) as the fp32 values the file means (dequantize, below): d·w − dmin·m_j, d·w + m, or d·w;
+// into out [N, K] fp32, or bf16 (T = uint16_t) rounded to nearest, ties to even (torch's .to(bfloat16)).
+VNNI_FN inline __m256i bf16_rne(__m512 v) {  // finite values: the top 16 bits after adding 0x7fff + the kept lsb
+  __m512i b = _mm512_castps_si512(v);
+  b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
+}
+
+template <typename T>
+VNNI_FN void dequantize_rows_avx512(const Call& c, int64_t n0, int64_t n1, T* out) {
   alignas(64) int16_t w[256];
   const int G = c.f.G;
   const bool kmin = c.f.kmin, lmin = c.f.lmin;
@@ -1075,13 +1083,14 @@ VNNI_FN void dequantize_rows_avx512(const Call& c, int64_t n0, int64_t n1, float
       Scales s;
       unpack_avx512(c.qtype, b, w, s);
       if (kmin) kquant_scales(b + 4, s.sc, s.mins);
-      float* o = out + n * c.K + g * G;
+      T* o = out + n * c.K + g * G;
       const __m512 d = _mm512_set1_ps(s.d);
       for (int i = 0; i < G; i += 16) {
         __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i*)(w + i)))), d);
         if (kmin) v = _mm512_sub_ps(v, _mm512_set1_ps(s.dmin * (float)s.mins[i / 32]));
         else if (lmin) v = _mm512_add_ps(v, _mm512_set1_ps(s.m));
-        _mm512_storeu_ps(o + i, v);
+        if constexpr (std::is_same_v<T, float>) _mm512_storeu_ps(o + i, v);
+        else _mm256_storeu_si256((__m256i*)(o + i), bf16_rne(v));
       }
     }
 }
@@ -1188,40 +1197,49 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-// The weights as the file means them, [N, K] fp32 (for a prompt's prefill: GgufLinear). Exact products, one
-// rounding for the K-quants' minimum: the values of gguf_blocks.dequantize.
-torch::Tensor dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
-  const Format f = format_of(qtype);
-  TORCH_CHECK(K % f.G == 0, "qmatmul: K = ", K, " is not a multiple of ", f.G);
-  const int64_t row_bytes = K / f.G * f.block_bytes;
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
-              "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
-  auto out = torch::empty({N, K}, torch::kFloat);
-  Call c{w.data_ptr<uint8_t>(), N, K, 0, row_bytes, s16(K), (int)qtype, f, nullptr, nullptr, nullptr, nullptr, nullptr,
-         nullptr, nullptr};
-  float* o = out.data_ptr<float>();
-  const int path = best_path();
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+// The weights as the file means them, into out [N, K] fp32 or bf16 (for a prompt's prefill: GgufLinear). Exact
+// products, one rounding for the K-quants' minimum: the values of gguf_blocks.dequantize, then (bf16) rounded to
+// nearest, ties to even, as torch's .to(bfloat16) rounds them.
+template <typename T>
+void dequantize_into(const Call& c, T* o, int path) {
+  at::parallel_for(0, c.N, 16, [&](int64_t n0, int64_t n1) {
 #if QMM_X86
     if (path == AVX512VNNI) {
-      dequantize_rows_avx512(c, n0, n1, o);
+      dequantize_rows_avx512<T>(c, n0, n1, o);
       return;
     }
 #endif
     alignas(64) int16_t q[256];
     for (int64_t n = n0; n < n1; n++)
-      for (int64_t g = 0; g < K / f.G; g++) {
+      for (int64_t g = 0; g < c.K / c.f.G; g++) {
         Scales s;
-        unpack_portable((int)qtype, c.w + n * row_bytes + g * f.block_bytes, q, s);
-        for (int i = 0; i < f.G; i++) {
+        unpack_portable(c.qtype, c.w + n * c.row_bytes + g * c.f.block_bytes, q, s);
+        for (int i = 0; i < c.f.G; i++) {
           float v = (float)q[i] * s.d;
-          if (f.kmin) v = v - s.dmin * (float)s.mins[i / 32];
-          else if (f.lmin) v = v + s.m;
-          o[n * K + g * f.G + i] = v;
+          if (c.f.kmin) v = v - s.dmin * (float)s.mins[i / 32];
+          else if (c.f.lmin) v = v + s.m;
+          if constexpr (std::is_same_v<T, float>) o[n * c.K + g * c.f.G + i] = v;
+          else o[n * c.K + g * c.f.G + i] = c10::BFloat16(v).x;  // c10's conversion: to nearest, ties to even
         }
       }
   });
-  return out;
+}
+
+void dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K, torch::Tensor out, int64_t path) {
+  const Format f = format_of(qtype);
+  TORCH_CHECK(K % f.G == 0, "qmatmul: K = ", K, " is not a multiple of ", f.G);
+  const int64_t row_bytes = K / f.G * f.block_bytes;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
+              "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
+  TORCH_CHECK(out.is_contiguous() && out.numel() == N * K &&
+              (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
+              "qmatmul: out must be a contiguous [N, K] fp32 or bf16 tensor");
+  Call c{w.data_ptr<uint8_t>(), N, K, 0, row_bytes, s16(K), (int)qtype, f, nullptr, nullptr, nullptr, nullptr, nullptr,
+         nullptr, nullptr};
+  if (path == AUTO) path = best_path();
+  TORCH_CHECK(path >= PORTABLE && path <= best_path(), "qmatmul: path ", path, " does not run on this CPU");
+  if (out.scalar_type() == at::kFloat) dequantize_into<float>(c, out.data_ptr<float>(), (int)path);
+  else dequantize_into<uint16_t>(c, (uint16_t*)out.data_ptr<c10::BFloat16>(), (int)path);
 }
 
 std::string backend() { return path_name(best_path()); }
@@ -1230,7 +1248,7 @@ std::string backend() { return path_name(best_path()); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
-  m.def("dequantize", &dequantize, "the weights as the file means them, [N, K] fp32");
+  m.def("dequantize", &dequantize, "the weights as the file means them, into out [N, K] fp32 or bf16");
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
 }

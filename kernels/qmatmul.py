@@ -134,12 +134,18 @@ def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
     return y.to(dtype).reshape(*lead, N)
 
 
-def dequantize(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
-    """The weights as the file means them, [N, K] fp32 (gguf_blocks.dequantize's values, in C++ when it is built)."""
-    ext = None if _forced() == "torch" else extension()
+def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | None = None,
+               path: str | None = None) -> torch.Tensor:
+    """The weights as the file means them (gguf_blocks.dequantize's values, in C++ when it is built) into `out`,
+    a contiguous [N, K] fp32 or bf16 tensor (bf16: rounded as .to(torch.bfloat16) rounds), else a new fp32 one.
+    path: as gguf_mm's (the AVX2 path has no dequantizer of its own: the portable one runs)."""
+    out = torch.empty(N, K) if out is None else out
+    path = path or _forced()
+    ext = None if path == "torch" else extension()
     if ext is None:
-        return gb.dequantize(qtype, blocks, N, K)
-    return ext.dequantize(blocks.reshape(N, -1), gb.type_id(qtype), N, K)
+        return out.copy_(gb.dequantize(qtype, blocks, N, K))
+    ext.dequantize(blocks.reshape(N, -1), gb.type_id(qtype), N, K, out, PATHS.get(path, 0))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -153,3 +153,17 @@ def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
     assert qmatmul.backend_line()  # one line naming the path
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     assert qmatmul._cache_root() == tmp_path
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantize_into_fp32_and_bf16(name):
+    """The prefill's weights: the file's values (gguf_blocks.dequantize, checked against gguf's own above) and, into
+    bf16, those values as torch rounds them (to nearest, ties to even), on every path, into a buffer given."""
+    N, K = shape(name)
+    blocks = gb.random_blocks(name, N, K, seed=6)
+    want = gb.dequantize(name, blocks, N, K)
+    for path in paths_here():
+        assert torch.equal(qmatmul.dequantize(blocks, name, N, K, path=path), want), path
+        buf = torch.full((N, K), float("nan"), dtype=torch.bfloat16)
+        assert qmatmul.dequantize(blocks, name, N, K, out=buf, path=path) is buf
+        assert torch.equal(buf, want.to(torch.bfloat16)), path
