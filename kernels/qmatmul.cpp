@@ -64,7 +64,9 @@ constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before 
 constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
 constexpr int PREFETCH_ROWS = 2;  // weight rows fetched ahead of the one being unpacked
 constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
-constexpr int SMALL_ROWS = 8;     // at most: K-quant groups unpacked in registers, not kept (fused8)
+// at most: K-quant groups unpacked in registers, not kept (fused8); measured: Q6_K's tiles of 6–8 rows past 8 were
+// slower than the L1 buffer (rows_kquant), Q4_K's faster up to 16 (benchmarks/README.md)
+constexpr int SMALL_ROWS = 16, SMALL_ROWS_Q6 = 8;
 constexpr int MANY_ROWS = 16;     // above: every weight row of a tile unpacked together (tile_kquant_many_avx512)
 
 struct Format {
@@ -827,14 +829,15 @@ VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1, i
 // registers (load8, chunk8: the integers of the buffered path, no buffer) and its minimums into rb's mm; the float
 // steps those of micro8, in the same order. The result in accm [NR][ROW_TILE][16].
 template <int NR, int MR, int QT>
-VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
+VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, float* accm) {
   const int64_t groups = c.K / 256;
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; r++)
     for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
   const int8_t* xr[MR];
   const int16_t* x32[MR];
-  for (int i = 0; i < MR; i++) xr[i] = c.xq8 + i * c.K, x32[i] = QT == Q6_K ? c.x32 + i * (c.K / 2) : nullptr;
+  for (int i = 0; i < MR; i++)
+    xr[i] = c.xq8 + (m0 + i) * c.K, x32[i] = QT == Q6_K ? c.x32 + (m0 + i) * (c.K / 2) : nullptr;
   const uint8_t* row[NR];
   for (int r = 0; r < NR; r++) row[r] = c.w + (n + r) * c.row_bytes;
   const bool ahead = n + NR - 1 + PREFETCH_ROWS < c.N;  // the same bytes two rows ahead, as these are read
@@ -869,33 +872,39 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
         for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_add_epi32(is[0][r][i], is[h][r][i]);
     for (int r = 0; r < NR; r++)
       for (int i = 0; i < MR; i++) {
-        float sc = raw[r].d * c.dx[i * groups + g];
+        float sc = raw[r].d * c.dx[(m0 + i) * groups + g];
         acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[0][r][i]), _mm512_set1_ps(sc)));
       }
   }
   for (int r = 0; r < NR; r++)
-    for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + i) * 16, acc[r][i]);
+    for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + m0 + i) * 16, acc[r][i]);
 }
 
-// One weight row at a time (with two, their registers spill to the stack: slower)
+// One weight row at a time (with two, their registers spill to the stack: slower), rows [m0, m0 + mt), mt ≤ 8
 template <int QT>
-VNNI_FN void small8_t(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
-  switch (c.M) {
-    case 1: return fused8<1, 1, QT>(c, rb, n, accm);
-    case 2: return fused8<1, 2, QT>(c, rb, n, accm);
-    case 3: return fused8<1, 3, QT>(c, rb, n, accm);
-    case 4: return fused8<1, 4, QT>(c, rb, n, accm);
-    case 5: return fused8<1, 5, QT>(c, rb, n, accm);
-    case 6: return fused8<1, 6, QT>(c, rb, n, accm);
-    case 7: return fused8<1, 7, QT>(c, rb, n, accm);
-    case 8: return fused8<1, 8, QT>(c, rb, n, accm);
+VNNI_FN void small8_t(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, int64_t mt, float* accm) {
+  switch (mt) {
+    case 1: return fused8<1, 1, QT>(c, rb, n, m0, accm);
+    case 2: return fused8<1, 2, QT>(c, rb, n, m0, accm);
+    case 3: return fused8<1, 3, QT>(c, rb, n, m0, accm);
+    case 4: return fused8<1, 4, QT>(c, rb, n, m0, accm);
+    case 5: return fused8<1, 5, QT>(c, rb, n, m0, accm);
+    case 6: return fused8<1, 6, QT>(c, rb, n, m0, accm);
+    case 7: return fused8<1, 7, QT>(c, rb, n, m0, accm);
+    case 8: return fused8<1, 8, QT>(c, rb, n, m0, accm);
   }
 }
 
+// Every row of the call, in as few tiles of ≤ 8 rows as there can be, of sizes as equal as they can be (9: 5 + 4)
 VNNI_FN void small8(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
-  if (c.qtype == Q6_K) small8_t<Q6_K>(c, rb, n, accm);
-  else if (c.qtype == Q5_K) small8_t<Q5_K>(c, rb, n, accm);
-  else small8_t<Q4_K>(c, rb, n, accm);
+  const int64_t tiles = (c.M + 7) / 8;
+  for (int64_t t = 0, m0 = 0; t < tiles; t++) {
+    const int64_t mt = (c.M - m0) / (tiles - t);
+    if (c.qtype == Q6_K) small8_t<Q6_K>(c, rb, n, m0, mt, accm);
+    else if (c.qtype == Q5_K) small8_t<Q5_K>(c, rb, n, m0, mt, accm);
+    else small8_t<Q4_K>(c, rb, n, m0, mt, accm);
+    m0 += mt;
+  }
 }
 
 // The minimums and the trees of weight row n for rows [m0, m1), from acc [ROW_TILE][16]
@@ -960,7 +969,7 @@ VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
   alignas(64) float accm[2 * ROW_TILE * 16];  // [NR][ROW_TILE] zmm
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
-    if (c.f.G == 256 && c.M <= SMALL_ROWS) {
+    if (c.f.G == 256 && c.M <= (c.qtype == Q6_K ? SMALL_ROWS_Q6 : SMALL_ROWS)) {
       for (int64_t n = n0; n < n1; n++) {
         small8(c, rb, n, accm);
         finish_rows(c, b0, n, 0, c.M, accm);
