@@ -760,6 +760,33 @@ VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) {
   }
 }
 
+// One chunk k of group g for NR weight rows × MR rows: is[r][i] += the pairs of weight chunk wv[r] and row i's x
+// (u8 × s8 into int16: exact, |·| ≤ 2 · 63 · 127; Q6: less x32, the offset 32) times their scales sv[r], into int32.
+template <int NR, int MR, bool Q6>
+VNNI_FN inline __attribute__((always_inline)) void chunk_products(const __m512i* wv, const __m512i* sv,
+                                                                  const int8_t* const* xr, const int16_t* const* x32,
+                                                                  int64_t g, int k, __m512i (&is)[NR][MR]) {
+  for (int i = 0; i < MR; i++) {
+    const __m512i xv = _mm512_loadu_si512(xr[i] + g * 256 + 64 * k);
+    for (int r = 0; r < NR; r++) {
+      __m512i pr = _mm512_maddubs_epi16(wv[r], xv);
+      if constexpr (Q6) pr = _mm512_sub_epi16(pr, _mm512_loadu_si512(x32[i] + g * 128 + 32 * k));
+      is[r][i] = _mm512_dpwssd_epi32(is[r][i], pr, sv[r]);
+    }
+  }
+}
+
+// The group's float step (the top's acc_l): acc[r][i] += float(is[r][i]) · (d_r · dx of row m + i, group g)
+template <int NR, int MR>
+VNNI_FN inline __attribute__((always_inline)) void group_step(const Call& c, const float* d, int64_t m, int64_t g,
+                                                              const __m512i (&is)[NR][MR], __m512 (&acc)[NR][MR]) {
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) {
+      float sc = d[r] * c.dx[(m + i) * (c.K / 256) + g];
+      acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[r][i]), _mm512_set1_ps(sc)));
+    }
+}
+
 // NR weight rows × MR rows over groups [g0, g1) of a K-quant: the accumulators stay in registers across the groups,
 // in accm [NR][ROW_TILE][16] between calls. Q6: take x32 away from the pairs (q − 32 = the value's quant).
 template <int NR, int MR, bool Q6>
@@ -786,23 +813,14 @@ VNNI_FN inline __attribute__((always_inline)) void micro8(const Call& c, RowBuf*
         wv[r] = _mm512_loadu_si512(rb[r]->u.data() + (g - g0) * 256 + 64 * k);
         sv[r] = _mm512_loadu_si512(rb[r]->s.data() + (g - g0) * 128 + 32 * k);
       }
-      for (int i = 0; i < MR; i++) {
-        const __m512i xv = _mm512_loadu_si512(xr[i] + g * 256 + 64 * k);
-        for (int r = 0; r < NR; r++) {
-          __m512i pr = _mm512_maddubs_epi16(wv[r], xv);  // u8 × s8, pairs: exact (|·| ≤ 2 · 63 · 127)
-          if constexpr (Q6) pr = _mm512_sub_epi16(pr, _mm512_loadu_si512(x32[i] + g * 128 + 32 * k));
-          is[k % CH][r][i] = _mm512_dpwssd_epi32(is[k % CH][r][i], pr, sv[r]);
-        }
-      }
+      chunk_products<NR, MR, Q6>(wv, sv, xr, x32, g, k, is[k % CH]);
     }
     for (int h = 1; h < CH; h++)
       for (int r = 0; r < NR; r++)
         for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_add_epi32(is[0][r][i], is[h][r][i]);
-    for (int r = 0; r < NR; r++)
-      for (int i = 0; i < MR; i++) {
-        float sc = rb[r]->d[g] * c.dx[(m + i) * groups + g];
-        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[0][r][i]), _mm512_set1_ps(sc)));
-      }
+    float d[NR];
+    for (int r = 0; r < NR; r++) d[r] = rb[r]->d[g];
+    group_step<NR, MR>(c, d, m, g, is[0], acc);
   }
   for (int r = 0; r < NR; r++)
     for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + mrow + i) * 16, acc[r][i]);
@@ -841,7 +859,6 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
   const uint8_t* row[NR];
   for (int r = 0; r < NR; r++) row[r] = c.w + (n + r) * c.row_bytes;
   const bool ahead = n + NR - 1 + PREFETCH_ROWS < c.N;  // the same bytes two rows ahead, as these are read
-  constexpr int CH = 1;  // each group's sums are independent of the last one's: no chains to split
   for (int64_t g = 0; g < groups; g++) {
     Raw8 raw[NR];
     for (int r = 0; r < NR; r++) {
@@ -851,30 +868,17 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
       raw[r] = load8<QT>(b);
       if constexpr (QT != Q6_K) mins8(b, raw[r].m8, rb[r]->mm.data() + g * 8);
     }
-    __m512i is[CH][NR][MR];
-    for (int h = 0; h < CH; h++)
-      for (int r = 0; r < NR; r++)
-        for (int i = 0; i < MR; i++) is[h][r][i] = _mm512_setzero_si512();
+    __m512i is[NR][MR];  // one chain each: a group's sums do not wait for the last group's
+    for (int r = 0; r < NR; r++)
+      for (int i = 0; i < MR; i++) is[r][i] = _mm512_setzero_si512();
     for (int k = 0; k < 4; k++) {
       __m512i wv[NR], sv[NR];
       for (int r = 0; r < NR; r++) chunk8<QT>(raw[r], k, wv[r], sv[r]);
-      for (int i = 0; i < MR; i++) {
-        const __m512i xv = _mm512_loadu_si512(xr[i] + g * 256 + 64 * k);
-        for (int r = 0; r < NR; r++) {
-          __m512i pr = _mm512_maddubs_epi16(wv[r], xv);
-          if constexpr (QT == Q6_K) pr = _mm512_sub_epi16(pr, _mm512_loadu_si512(x32[i] + g * 128 + 32 * k));
-          is[k % CH][r][i] = _mm512_dpwssd_epi32(is[k % CH][r][i], pr, sv[r]);
-        }
-      }
+      chunk_products<NR, MR, QT == Q6_K>(wv, sv, xr, x32, g, k, is);
     }
-    for (int h = 1; h < CH; h++)
-      for (int r = 0; r < NR; r++)
-        for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_add_epi32(is[0][r][i], is[h][r][i]);
-    for (int r = 0; r < NR; r++)
-      for (int i = 0; i < MR; i++) {
-        float sc = raw[r].d * c.dx[(m0 + i) * groups + g];
-        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(is[0][r][i]), _mm512_set1_ps(sc)));
-      }
+    float d[NR];
+    for (int r = 0; r < NR; r++) d[r] = raw[r].d;
+    group_step<NR, MR>(c, d, m0, g, is, acc);
   }
   for (int r = 0; r < NR; r++)
     for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + m0 + i) * 16, acc[r][i]);
