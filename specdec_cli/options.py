@@ -191,7 +191,9 @@ class DecodeOptions:
 # the 0.5B model draft ran 1.49-1.56x (faster on 13 of 14 article runs); γ ≤ 4 / 8 / 12 within 1 % there, the
 # larger bounds ahead where a summary copies long phrases. On the blocks the target alone runs 2.1x bf16, lookup
 # 1.23x that, the model draft 0.89x (it costs 0.66 of a step). These defaults beside llama.cpp in one run (bench
-# --peers llama.cpp): 13.9 tokens/s against its 15.8 on the same file.
+# --peers llama.cpp): 13.9 tokens/s against its 15.8 on the same file; after the int8 kernel and the bf16 prefill
+# (the day after), 18.9 / 17.2 against 15.7 / 15.3 in two runs (the model draft, whose rows are not K-quants, only
+# costlier beside the faster target: not measured again).
 # The model draft's options (draft_vocab, draft_stop, int8) stay what was best for it: they apply to --draft
 # embedded and lookup+embedded.
 @dataclass(frozen=True)
