@@ -64,8 +64,8 @@ constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before 
 constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
 constexpr int PREFETCH_ROWS = 2;  // weight rows fetched ahead of the one being unpacked
 constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
-// at most: K-quant groups unpacked in registers, not kept (fused8); measured: Q6_K's tiles of 6–8 rows past 8 were
-// slower than the L1 buffer (rows_kquant), Q4_K's faster up to 16 (benchmarks/README.md)
+// K-quant calls of at most this many rows unpack each group in registers, for row tiles of ≤ 8 (fused8); past 8 rows
+// Q6_K's tiles were slower than the L1 buffer (rows_kquant), Q4_K's faster up to 16 (benchmarks/README.md)
 constexpr int SMALL_ROWS = 16, SMALL_ROWS_Q6 = 8;
 constexpr int MANY_ROWS = 16;     // above: every weight row of a tile unpacked together (tile_kquant_many_avx512)
 
