@@ -1137,27 +1137,26 @@ int best_path() {
   return p;
 }
 
-// Every row's activations (see the top): G = 32 into xq, the K-quants into xq8 (and x32 for Q6_K)
+// Every row's activations (see the top) into the buffers c reads: G = 32 into xq, the K-quants into xq8 (and x32
+// for Q6_K), and dx, xsd
 template <typename T>
-void quantize_rows(const T* x, const Call& c, int path) {
+void quantize_rows(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8, int16_t* x32, float* dx, float* xsd) {
   const int64_t K = c.K, G = c.f.G;
   at::parallel_for(0, c.M, 4, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
-      float *dx = const_cast<float*>(c.dx) + m * (K / G), *xsd = const_cast<float*>(c.xsd) + m * c.S16;
+      float *dxm = dx + m * (K / G), *xsdm = xsd + m * c.S16;
       if (G == 256) {
-        int8_t* xq = const_cast<int8_t*>(c.xq8) + m * K;
-        int16_t* x32 = c.x32 ? const_cast<int16_t*>(c.x32) + m * (K / 2) : nullptr;
+        int16_t* x32m = x32 ? x32 + m * (K / 2) : nullptr;
 #if QMM_X86
-        if (path == AVX512VNNI) { quantize_row8_avx512<T>(x + m * K, K, c.qtype, xq, dx, xsd, x32); continue; }
+        if (path == AVX512VNNI) { quantize_row8_avx512<T>(x + m * K, K, c.qtype, xq8 + m * K, dxm, xsdm, x32m); continue; }
 #endif
-        quantize_row8_portable<T>(x + m * K, K, c.qtype, xq, dx, xsd, x32);
+        quantize_row8_portable<T>(x + m * K, K, c.qtype, xq8 + m * K, dxm, xsdm, x32m);
         continue;
       }
-      int16_t* xq = const_cast<int16_t*>(c.xq) + m * K;
 #if QMM_X86
-      if (path == AVX512VNNI) { quantize_row_avx512<T>(x + m * K, K, (int)G, xq, dx, xsd); continue; }
+      if (path == AVX512VNNI) { quantize_row_avx512<T>(x + m * K, K, (int)G, xq + m * K, dxm, xsdm); continue; }
 #endif
-      quantize_row_portable<T>(x + m * K, K, (int)G, xq, dx, xsd);
+      quantize_row_portable<T>(x + m * K, K, (int)G, xq + m * K, dxm, xsdm);
     }
   });
 }
@@ -1189,13 +1188,15 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   std::vector<int8_t> xq8(k8 ? M * K : 0);
   std::vector<float> dx(M * (K / f.G));
   std::vector<float> xsd(M * s16(K));
+  int16_t* x32p = x32.empty() ? nullptr : x32.data();
   Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, xq.data(), xq8.data(),
-         x32.empty() ? nullptr : x32.data(), dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr,
+         x32p, dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr,
          out.data_ptr<float>()};
   if (x.scalar_type() == at::kFloat)
-    quantize_rows<float>(x.data_ptr<float>(), c, (int)path);
+    quantize_rows<float>(x.data_ptr<float>(), c, (int)path, xq.data(), xq8.data(), x32p, dx.data(), xsd.data());
   else
-    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, (int)path);
+    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, (int)path, xq.data(), xq8.data(), x32p, dx.data(),
+                                 xsd.data());
   const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t a = n0; a < n1; a += NB) {
