@@ -32,7 +32,6 @@ from specdec_cli.kernels.gguf_blocks import block_bytes, random_blocks, row_byte
 
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 PATHS = {"portable": 1, "avx2": 2, "avx512": 3}  # the C++ enum Path
-ROWS_PER_TILE = 32  # the C++ ROW_TILE (documentation only: a row's result does not depend on it)
 
 _lock = threading.Lock()
 _state: dict = {}  # "ext": the built module or None, "error": why not

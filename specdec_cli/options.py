@@ -210,7 +210,7 @@ class SummarizeOptions(DecodeOptions):
                                    f"already (a draft on GGUF blocks keeps them): {_DRAFT_CHEAPER}.",
                                    flag="--draft-int8/--no-draft-int8")  # drafts/int8.py
     # how the target's and a draft model's weights are held (models/weights.py): gguf by default, a GGUF on its own
-    # blocks (kernels/qmatmul), whose step costs ~0.4 of bf16's; on CUDA, and for a model that is not a GGUF, none
+    # blocks (kernels/qmatmul), whose step costs ~0.27 of bf16's; on CUDA, and for a model that is not a GGUF, none
     target_quant: str = option("gguf", "How the target's (and a draft model's) weights are held on a CPU: none (a "
                                "GGUF dequantized to --dtype, as on CUDA) | gguf (a GGUF runs on its own blocks, "
                                "exactly as the file means them: faster steps, costlier passes) | int8 | int4 (a "

@@ -14,7 +14,7 @@ from specdec_cli.kernels import gguf_blocks as gb
 from specdec_cli.kernels import qmatmul
 
 TYPES = list(gb.TYPES)
-ROWS = (1, 2, 5, 8, 9, 16, 33)  # K-quants: ≤ 8 rows unpack in registers, ≤ 16 into a buffer, more: a tile
+ROWS = (1, 2, 5, 8, 9, 16, 33)  # K-quants: in registers up to 16 rows (Q6_K 8), Q6_K's 9–16 an L1 buffer, more a tile
 
 
 def shape(name):
