@@ -354,14 +354,6 @@ struct Call {
   float* y;           // [M, N] fp32
 };
 
-// One group's minimums into mm (8 for a K-quant group, 1 for Q4_1 / Q5_1): dmin_g · m_j, or m_g. Exact.
-inline void group_mins(const Format& f, const Scales& s, int64_t g, float* mm) {
-  if (f.kmin)
-    for (int j = 0; j < 8; j++) mm[g * 8 + j] = s.dmin * (float)s.mins[j];
-  else if (f.lmin)
-    mm[g] = s.m;
-}
-
 // A weight row's minimums per 32 elements, mm[S16] (zero past K / 32): dmin_g · m_j, or m_g. Exact.
 void row_mins(const Call& c, const uint8_t* row, float* mm) {
   std::fill(mm, mm + c.S16, 0.f);
@@ -696,7 +688,7 @@ VNNI_FN inline __attribute__((always_inline)) void chunk8(const Raw8& r, int k, 
   }
 }
 
-// A K-quant group's minimums dmin · float(m_j), 8 at once (group_mins' products); m8 from kquant_scales8
+// A K-quant group's minimums dmin · float(m_j), 8 at once (row_mins' products); m8 from kquant_scales8
 VNNI_FN inline __attribute__((always_inline)) void mins8(const uint8_t* b, uint64_t m8, float* mm) {
   __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)));
   _mm256_storeu_ps(mm, _mm256_mul_ps(_mm256_set1_ps(f16c(rd16(b + 2))), mf));
@@ -756,7 +748,7 @@ VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) {
     Scales s;
     unpack_avx512(c.qtype, row + g * c.f.block_bytes, rb.w.data() + g * 32, s);
     rb.d[g] = s.d;
-    group_mins(c.f, s, g, rb.mm.data());
+    if (c.f.lmin) rb.mm[g] = s.m;  // Q4_1, Q5_1: the minimum m_g (the others have none)
   }
 }
 
