@@ -11,89 +11,32 @@ of its call, on M, on the thread count or on the SIMD path; it differs from refe
 most amax / 254, or amax / 65534, per element, amax being the largest |x| of the element's group) and fp32
 accumulation.
 
-Built with torch.utils.cpp_extension (a C++ compiler is needed at first use; no network) into
-$SPECDEC_CACHE/kernels/<key> (else the user cache dir, as for models), the key naming the source's hash, torch's
-version, Python's and the CPU's SIMD flags. A failed build says so in one line and the twin runs instead.
+Built at first use and cached (kernels/cpp.py: a C++ compiler is needed then). A failed build says so in one line
+and the twin runs instead.
 SPECDEC_QMATMUL=portable|avx2|avx512|torch forces a path (tests; `torch` is the twin).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
-import threading
 from pathlib import Path
 
 import torch
 
+from specdec_cli.kernels import cpp
 from specdec_cli.kernels import gguf_blocks as gb
 from specdec_cli.kernels.gguf_blocks import block_bytes, random_blocks, row_bytes  # noqa: F401 - re-exported
 
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 PATHS = {"portable": 1, "avx2": 2, "avx512": 3}  # the C++ enum Path
 
-_lock = threading.Lock()
-_state: dict = {}  # "ext": the built module or None, "error": why not
-
-
-def _cache_root() -> Path:
-    """The specdec cache root, as models/cache.cache_root has it (kernels import nothing above them)."""
-    env = os.environ.get("SPECDEC_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("specdec"))
-
-
-def _cpu_flags() -> str:
-    """The SIMD flags the dispatch reads, from /proc/cpuinfo (empty elsewhere)."""
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return ",".join(w for w in wanted if w in flags)
-
-
-def build_key() -> str:
-    text = SOURCE.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}|{_cpu_flags()}".encode()
-    return hashlib.sha256(text).hexdigest()[:16]
-
-
-def _build():
-    """The C++ extension, built once per key (minutes the first time), or None with _state["error"] set."""
-    from torch.utils import cpp_extension
-
-    key = build_key()
-    where = _cache_root() / "kernels" / f"qmatmul-{key}"
-    where.mkdir(parents=True, exist_ok=True)
-    import logging
-
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    return cpp_extension.load(
-        name=f"specdec_qmatmul_{key}", sources=[str(SOURCE)], build_directory=str(where),
-        extra_cflags=["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP in torch's CPU builds: libgomp.so.1, torch's own at run time
-        verbose=False)
+KERNEL = cpp.Extension("qmatmul", SOURCE, ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"],
+                       "its torch twin runs instead (the same values, much slower)")
 
 
 def extension():
     """The built kernel module, or None when it cannot be built here (said once, on stderr)."""
-    with _lock:
-        if "ext" not in _state:
-            try:
-                _state["ext"] = _build()
-            except Exception as e:  # no compiler, a compile error, a read-only cache: fall back
-                lines = [line for line in str(e).strip().splitlines() if line.strip()]
-                _state["ext"], _state["error"] = None, f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
-                from specdec_cli.errors import warn
-
-                warn(f"the GGUF matmul kernel did not build ({_state['error']}): its torch twin runs instead "
-                     "(the same values, much slower)")
-        return _state["ext"]
+    return KERNEL.module()
 
 
 def _forced() -> str:
@@ -107,7 +50,7 @@ def backend_line() -> str:
         return "torch twin (SPECDEC_QMATMUL=torch)"
     ext = extension()
     if ext is None:
-        return f"torch twin (the C++ kernel did not build: {_state.get('error')})"
+        return f"torch twin (the C++ kernel did not build: {KERNEL.error})"
     best = ext.backend()
     if forced in PATHS:
         return f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})"

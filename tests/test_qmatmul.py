@@ -4,14 +4,17 @@ not depend on the other rows, on M, on the thread count or on the SIMD path (the
 
 from __future__ import annotations
 
+import platform
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 from conftest import torch_threads
 from specdec_cli.errors import SpecdecWarning
+from specdec_cli.kernels import cpp, qmatmul
 from specdec_cli.kernels import gguf_blocks as gb
-from specdec_cli.kernels import qmatmul
 
 TYPES = list(gb.TYPES)
 ROWS = (1, 2, 5, 8, 9, 16, 33)  # K-quants: in registers up to 16 rows (Q6_K 8), Q6_K's 9–16 an L1 buffer, more a tile
@@ -136,8 +139,9 @@ def test_a_failed_build_falls_back_to_the_twin(monkeypatch):
     def broken():
         raise RuntimeError("Error building extension 'qmatmul'\nc++: not found")
 
-    monkeypatch.setattr(qmatmul, "_state", {})
-    monkeypatch.setattr(qmatmul, "_build", broken)
+    kernel = cpp.Extension("qmatmul", qmatmul.SOURCE, [], "its torch twin runs instead")
+    monkeypatch.setattr(kernel, "build", broken)
+    monkeypatch.setattr(qmatmul, "KERNEL", kernel)
     with pytest.warns(SpecdecWarning) as said:
         assert torch.equal(qmatmul.gguf_mm(x, blocks, "q6_k", N, K), want)
         qmatmul.gguf_mm(x, blocks, "q6_k", N, K)  # said once
@@ -148,11 +152,15 @@ def test_a_failed_build_falls_back_to_the_twin(monkeypatch):
 
 
 def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
-    key = qmatmul.build_key()
-    assert len(key) == 16 and key == qmatmul.build_key()
+    if shutil.which("c++") and platform.machine() in ("x86_64", "AMD64"):  # then it builds (the twin is no excuse)
+        assert qmatmul.extension() is not None, qmatmul.KERNEL.error
+    key = qmatmul.KERNEL.key()
+    assert len(key) == 16 and key == qmatmul.KERNEL.key()
+    other = cpp.Extension("qmatmul", qmatmul.SOURCE, ["-O2"], "")
+    assert other.key() != key  # the flags are in the key
     assert qmatmul.backend_line()  # one line naming the path
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    assert qmatmul._cache_root() == tmp_path
+    assert cpp.cache_root() == tmp_path
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -1,0 +1,81 @@
+"""C++ kernels built at first use with torch.utils.cpp_extension (a C++ compiler is needed then; no network) and
+cached under $SPECDEC_CACHE/kernels/<name>-<key> (else the user cache dir, as for models). The key names the source's
+hash, torch's and Python's versions, the compiler flags and the CPU's flags, so a machine never loads another's build.
+A failed build says so in one line, once, and the caller's fallback runs instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+OPENMP = ["-fopenmp"]  # at::parallel_for is OpenMP in torch's CPU builds: libgomp.so.1, torch's own at run time
+
+
+def cache_root() -> Path:
+    """The specdec cache root, as models/cache.cache_root has it (kernels import nothing above them)."""
+    env = os.environ.get("SPECDEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("specdec"))
+
+
+def cpu_flags() -> str:
+    """The CPU's flags line from /proc/cpuinfo (empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((" ".join(sorted(line.split(":", 1)[1].split())) for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+class Extension:
+    """One C++ source built into a module at first use(), or None where it cannot be (said once: `fallback` names
+    what runs instead)."""
+
+    def __init__(self, name: str, source: Path, cflags: list[str], fallback: str):
+        self.name, self.source, self.cflags, self.fallback = name, source, cflags, fallback
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._module = None
+        self._tried = False
+
+    def key(self) -> str:
+        text = self.source.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}|{self.cflags}|{cpu_flags()}".encode()
+        return hashlib.sha256(text).hexdigest()[:16]
+
+    def build(self):
+        from torch.utils import cpp_extension
+
+        key = self.key()
+        where = cache_root() / "kernels" / f"{self.name}-{key}"
+        where.mkdir(parents=True, exist_ok=True)
+        import logging
+
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        name = re.sub(r"\W", "_", f"specdec_{self.name}_{key}")  # a Python module's name
+        return cpp_extension.load(name=name, sources=[str(self.source)], build_directory=str(where),
+                                  extra_cflags=self.cflags + OPENMP, extra_ldflags=OPENMP, verbose=False)
+
+    def module(self):
+        """The built module, or None when it cannot be built here (said once, on stderr)."""
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                try:
+                    self._module = self.build()
+                except Exception as e:  # no compiler, a compile error, a read-only cache: fall back
+                    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+                    self.error = f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
+                    from specdec_cli.errors import warn
+
+                    warn(f"the {self.name} kernel did not build ({self.error}): {self.fallback}")
+            return self._module
