@@ -8,6 +8,11 @@
     sigmoid.py    the sigmoid approximation: its torch twin (its Triton kernel is exact.py's with SIGMOID)
     compile.py    every plan compiled for a GPU architecture, without a GPU
 
+And the CPU kernels of the decoding loop's target (C++, built at first use by cpp.py):
+
+    qmatmul.py         x · Wᵀ on a GGUF file's own blocks (qmatmul.cpp), its torch twin and reference
+    rows_attention.py  a pass's attention, each row computed alone (rows_attention.cpp), its reference
+
 Whether Triton kernels compile for a GPU or run under the interpreter is chosen when `specdec_cli`
 is imported (see its __init__): interpreter without a CUDA device.
 """

@@ -1,0 +1,128 @@
+"""kernels/rows_attention: against the fp64 reference within a bound derived from the arithmetic, each row bit for bit
+what a one-row call at its position gives (the guarantee decoding/exact_rows needs), on this CPU's build and on
+builds for AVX2 and for plain x86-64 (the paths other CPUs run), and the fallback when it does not build."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from conftest import torch_threads
+from specdec_cli.errors import SpecdecWarning
+from specdec_cli.kernels import cpp, rows_attention
+
+EPS32 = 2.0 ** -24
+
+# (B, H, KVH, D): GQA groups of 1, 3, 4, 6, 7 and 12 (two groups of 6), head sizes on and off the 16-wide lanes
+SHAPES = [(1, 12, 2, 128), (2, 4, 1, 64), (1, 7, 7, 80), (1, 14, 2, 72), (2, 12, 1, 32), (1, 6, 2, 256)]
+
+
+@functools.cache
+def built_for(march: str):
+    """The kernel built for another x86-64 level: x86-64-v3 (AVX2 and FMA, no AVX-512: its two-ymm lanes),
+    x86-64 (SSE2: the plain loops other CPUs run)."""
+    kernel = cpp.Extension(f"rows_attention_{march}", rows_attention.SOURCE,
+                           ["-O3", f"-march={march}", "-ffp-contract=off", "-std=c++17"], "")
+    module = kernel.module()
+    assert module is not None, kernel.error
+    return module.attend
+
+
+BUILDS = {"native": lambda: rows_attention.attend, "avx2": lambda: built_for("x86-64-v3"),
+          "plain": lambda: built_for("x86-64")}
+
+
+def case(B, H, KVH, D, T, S, dtype, kdtype, mask_kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, H, T, D, generator=g) * 2).to(dtype)
+    k = (torch.randn(B, KVH, S + 5, D, generator=g) * 2).to(kdtype)[:, :, :S]  # a cache's view: room past S
+    v = torch.randn(B, KVH, S + 5, D, generator=g).to(kdtype)[:, :, :S]
+    mask = None
+    if mask_kind == "bool":  # left padding: row b's first 3b slots hidden
+        mask = torch.ones(B, 1, T, S, dtype=torch.bool)
+        for b in range(B):
+            mask[b, :, :, : 3 * b] = False
+    elif mask_kind == "float":
+        mask = torch.randn(B, 1, T, S, generator=g).clamp(max=0)
+        mask[..., ::7] = float("-inf")
+    return q, k, v, mask
+
+
+def bound(q, k, v, mask, scale, out_dtype):
+    """|out − reference| ≤ this, elementwise: each score off by at most D·2⁻²³·scale·Σ|q||k| (fp32 fma chains and a
+    sum of 16 lanes), which moves each weight e_j / l by at most 2·that relatively (plus 2⁻²² for exp and the sums),
+    so out by that times max|v|, and S·2⁻²³·max|v| for the weighted sum; then the output's own rounding."""
+    D, S = q.shape[-1], k.shape[2]
+    rep = q.shape[1] // k.shape[1]
+    kd = k.double().abs().repeat_interleave(rep, 1)
+    score_err = (D * 2 * EPS32 * scale * (q.double().abs() @ kd.transpose(-1, -2))).amax(-1)  # [B, H, T]
+    vmax = v.double().abs().amax()
+    err = ((2 * score_err + 4 * EPS32) + (S + 16) * 2 * EPS32) * vmax
+    return err.transpose(1, 2)[..., None]  # [B, T, H, 1]
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_close_to_the_reference_and_rows_alike(build, shape):
+    attend = BUILDS[build]()
+    B, H, KVH, D = shape
+    scale = D ** -0.5
+    for T, S, dtype, kdtype, mask_kind in ((1, 37, torch.float32, torch.float32, None),
+                                           (3, 40, torch.bfloat16, torch.bfloat16, "bool"),
+                                           (9, 75, torch.float32, torch.bfloat16, "float"),
+                                           (5, 16, torch.bfloat16, torch.float32, None)):
+        q, k, v, mask = case(B, H, KVH, D, T, S, dtype, kdtype, mask_kind, seed=T + S)
+        out = attend(q, k, v, mask, scale, True)
+        assert out.shape == (B, T, H, D) and out.dtype == dtype
+        ref = rows_attention.reference(q, k, v, mask, scale)
+        rounding = 2.0 ** -8 if dtype == torch.bfloat16 else 0.0  # bf16 output: half an ulp, ≤ 2⁻⁸ of the value
+        tol = bound(q, k, v, mask, scale, dtype) * (1 + rounding) + rounding * ref.abs()
+        assert ((out.double() - ref).abs() <= tol).all(), (T, S, dtype, mask_kind)
+        for r in range(T):  # row r alone, as a step at its position sees the cache: the first S − (T − 1 − r) keys
+            end = S - (T - 1 - r)
+            one = attend(q[:, :, r:r + 1], k[:, :, :end], v[:, :, :end],
+                         None if mask is None else mask[:, :, r:r + 1, :end], scale, True)
+            assert torch.equal(one[:, 0], out[:, r]), (T, S, r)
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_threads_and_cross_attention(build):
+    attend = BUILDS[build]()
+    q, k, v, mask = case(2, 12, 2, 128, 4, 50, torch.bfloat16, torch.bfloat16, "bool", seed=3)
+    with torch_threads(1):
+        one = attend(q, k, v, mask, 0.1, False)
+    with torch_threads(2):
+        assert torch.equal(attend(q, k, v, mask, 0.1, False), one)
+    ref = rows_attention.reference(q, k, v, mask, 0.1, causal=False)
+    assert ((one.double() - ref).abs() <= bound(q, k, v, mask, 0.1, q.dtype) * 1.01 + 2.0 ** -8 * ref.abs()).all()
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_hidden_slots_never_reach_a_row(build):
+    """A padded slot's V (NaN here) is skipped, not multiplied by 0; a row that sees no key gives 0."""
+    attend = BUILDS[build]()
+    q, k, v, mask = case(2, 6, 2, 64, 2, 12, torch.float32, torch.float32, "bool", seed=4)
+    v[1, :, :3] = float("nan")
+    k[1, :, :3] = float("nan")
+    out = attend(q, k, v, mask, 0.125, True)
+    assert not out.isnan().any()
+    mask[0, :, 1] = False
+    assert torch.equal(attend(q, k, v, mask, 0.125, True)[0, 1], torch.zeros(6, 64))
+
+
+def test_a_failed_build_falls_back_to_torch(monkeypatch):
+    """exact_rows' attention without the kernel: torch's sdpa one row at a time, said once."""
+    from specdec_cli.decoding import exact_rows
+
+    q, k, v, _ = case(1, 4, 2, 32, 3, 20, torch.float32, torch.float32, None, seed=5)
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    kernel = cpp.Extension("rows_attention", rows_attention.SOURCE, [], "attention runs through torch")
+    monkeypatch.setattr(kernel, "build", lambda: (_ for _ in ()).throw(RuntimeError("c++: not found")))
+    monkeypatch.setattr(rows_attention, "KERNEL", kernel)
+    with pytest.warns(SpecdecWarning, match="did not build.*c\\+\\+: not found"):
+        out, _ = exact_rows.fp32_by_rows(module, q, k, v, None, scaling=0.2)
+    want, _ = exact_rows.sdpa_by_rows(module, q, k, v, None, one_query_dtype=torch.float32, scaling=0.2)
+    assert torch.equal(out, want)
