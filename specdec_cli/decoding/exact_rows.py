@@ -129,21 +129,39 @@ def sdpa_by_rows(module, query, key, value, attention_mask, *, one_query_dtype=N
     return torch.cat(rows, 1), None
 
 
+def kernel_rows(module, query, key, value, attention_mask, **kwargs):
+    """(out [B, T, H, D], None) from kernels/rows_attention, fp32 inside, each row computed alone (the guarantee of
+    sdpa_by_rows, in one call and without casts), or None where it does not run: not on a CPU, more rows than a pass
+    (a prefill), the kernel not built, or an attention with what it leaves out (a softcap, sinks, a position bias,
+    dropout). Whether it runs does not depend on the rows, so a model's steps and passes take the same path."""
+    if query.shape[2] > ROWS or query.device.type != "cpu" or kwargs.get("dropout") \
+            or any(kwargs.get(k) is not None for k in ("softcap", "sinks", "s_aux", "position_bias")):
+        return None
+    mask = attention_mask
+    if mask is not None and mask.dim() == 4:
+        mask = mask[:, :, :, : key.shape[2]]  # as transformers' sdpa: the mask may run past the keys
+    scale = kwargs.get("scaling")
+    out = rows_attention.attend(query, key, value, mask, query.shape[-1] ** -0.5 if scale is None else scale,
+                                getattr(module, "is_causal", True))
+    return None if out is None else (out, None)
+
+
 def fp32_by_rows(module, query, key, value, attention_mask, **kwargs):
-    """sdpa_by_rows with every one-query call in fp32 (the module docstring); on a CPU, every row in one call of
-    kernels/rows_attention (fp32, each row computed alone: the same guarantee, without a call per row or the casts)
-    where it is built and the attention has nothing it leaves out (a softcap, sinks, a position bias, dropout)."""
-    if query.shape[2] <= ROWS and query.device.type == "cpu" and not kwargs.get("dropout") \
-            and all(kwargs.get(k) is None for k in ("softcap", "sinks", "s_aux", "position_bias")):
-        mask = attention_mask
-        if mask is not None and mask.dim() == 4:
-            mask = mask[:, :, :, : key.shape[2]]  # as transformers' sdpa: the mask may run past the keys
-        scale = kwargs.get("scaling")
-        out = rows_attention.attend(query, key, value, mask, query.shape[-1] ** -0.5 if scale is None else scale,
-                                    getattr(module, "is_causal", True))
-        if out is not None:
-            return out, None
-    return sdpa_by_rows(module, query, key, value, attention_mask, one_query_dtype=torch.float32, **kwargs)
+    """sdpa_by_rows with every one-query call in fp32 (the module docstring), as kernel_rows where it runs."""
+    return kernel_rows(module, query, key, value, attention_mask, **kwargs) or sdpa_by_rows(
+        module, query, key, value, attention_mask, one_query_dtype=torch.float32, **kwargs)
+
+
+def kernel_or_step(module, query, key, value, attention_mask, **kwargs):
+    """step_attention (one query, or a prompt's few) as kernel_rows where it runs."""
+    return kernel_rows(module, query, key, value, attention_mask, **kwargs) or step_attention(
+        module, query, key, value, attention_mask, **kwargs)
+
+
+def kernel_or_sdpa_by_rows(module, query, key, value, attention_mask, **kwargs):
+    """sdpa_by_rows as kernel_rows where it runs (a step of kernel_or_step's gets the same bits)."""
+    return kernel_rows(module, query, key, value, attention_mask, **kwargs) or sdpa_by_rows(
+        module, query, key, value, attention_mask, **kwargs)
 
 
 def copy_with_row_linears(module: nn.Module) -> nn.Module:

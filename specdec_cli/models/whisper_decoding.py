@@ -7,8 +7,8 @@ over the window's encoder output.
                       and the probe (a self draft's layers are the target's own: the same K/V)
     cross_kv          those K/V
     same_encoder      whether two Whisper models have the same encoder (a draft then reuses the target's output)
-    WindowDecoder     a Seq2SeqDecoder whose cross-attention cache starts filled with them (step_attention:
-                      cross-attention in the K/V's dtype, fp32 on a CPU)
+    WindowDecoder     a Seq2SeqDecoder whose cross-attention cache starts filled with them (kernel_or_step:
+                      on a CPU kernels/rows_attention, fp32; elsewhere cross-attention in the K/V's dtype)
     ExactScorer       the target in the speculative modes: γ+1 slots in one pass, every row bit for bit a
                       one-token step's logits (greedy speculative output = autoregressive output)
 """
@@ -24,7 +24,7 @@ from torch import nn
 
 from specdec_cli import internals
 from specdec_cli.decoding import Seq2SeqDecoder
-from specdec_cli.decoding.exact_rows import copy_with_row_linears, row_linear, sdpa_by_rows, step_attention
+from specdec_cli.decoding.exact_rows import copy_with_row_linears, kernel_or_sdpa_by_rows, kernel_or_step, row_linear
 from specdec_cli.models.loading import LoadedModel
 from specdec_cli.models.whisper import SAMPLE_RATE
 
@@ -104,9 +104,10 @@ def _with_attention(decoder: nn.Module, name: str, fn) -> nn.Module:
 class WindowDecoder(Seq2SeqDecoder):
     """A Seq2SeqDecoder whose cross-attention cache starts filled with precomputed K/V (no recomputation:
     the target, the draft and the probe share the tensors; each has its own cache objects). Where the model
-    runs transformers' sdpa, its steps run `attention` (step_attention here) and its prompt step_attention."""
+    runs transformers' sdpa, its steps run `attention` (kernel_or_step here: decoding/exact_rows) and its prompt
+    kernel_or_step."""
 
-    attention = staticmethod(step_attention)
+    attention = staticmethod(kernel_or_step)
     attention_name = "specdec_step"
 
     def __init__(self, model, encoded: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]], hook=None):
@@ -120,10 +121,10 @@ class WindowDecoder(Seq2SeqDecoder):
         if internals.attention_implementation(decoder.config) != "sdpa":
             self.decoder = self.prefill_decoder = decoder
         else:
-            self.proj_out = row_linear(model.proj_out)  # transformers' layers with our attention; the prompt always through step_attention
+            self.proj_out = row_linear(model.proj_out)  # transformers' layers with our attention; the prompt always through kernel_or_step
             self.decoder = _with_attention(decoder, self.attention_name, self.attention)
             self.prefill_decoder = (self.decoder if self.attention_name == WindowDecoder.attention_name else
-                                    _with_attention(decoder, WindowDecoder.attention_name, step_attention))
+                                    _with_attention(decoder, WindowDecoder.attention_name, kernel_or_step))
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
         hidden = self.decoder(
@@ -161,8 +162,8 @@ class ExactScorer(WindowDecoder):
     Layer norms and GELU compute a row the same in a many-row call as alone, and so do the linear layers from
     two rows on (a lone row is computed as two: RowLinear); torch's scaled_dot_product_attention does not (a
     9-row call rounds differently from nine 1-row calls and flipped 0.7 % of the greedy tokens of the 74 s
-    LibriVox recording in bf16), so attention runs row by row (decoding/exact_rows.sdpa_by_rows). Needs the target's attention
+    LibriVox recording in bf16), so attention runs row by row (decoding/exact_rows: kernel_rows, else sdpa_by_rows). Needs the target's attention
     to be sdpa (transformers' default for Whisper); tests/test_transcribe.py checks the rows bit for bit."""
 
-    attention = staticmethod(sdpa_by_rows)
+    attention = staticmethod(kernel_or_sdpa_by_rows)
     attention_name = "specdec_sdpa_by_rows"
