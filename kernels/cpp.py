@@ -13,13 +13,12 @@ import sys
 import threading
 from pathlib import Path
 
-import torch
-
 OPENMP = ["-fopenmp"]  # at::parallel_for is OpenMP in torch's CPU builds: libgomp.so.1, torch's own at run time
 
 
 def cache_root() -> Path:
-    """The specdec cache root, as models/cache.cache_root has it (kernels import nothing above them)."""
+    """The cache directory: $SPECDEC_CACHE if set, else the platform's user cache dir for specdec (models/cache.py's
+    root too: kernels import nothing above them)."""
     env = os.environ.get("SPECDEC_CACHE")
     if env:
         return Path(env).expanduser()
@@ -49,6 +48,8 @@ class Extension:
         self._tried = False
 
     def key(self) -> str:
+        import torch
+
         text = self.source.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}|{self.cflags}|{cpu_flags()}".encode()
         return hashlib.sha256(text).hexdigest()[:16]
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec_cli.errors import SpecdecError
+from specdec_cli.kernels.cpp import cache_root  # the cache directory, defined where the kernels need it too
 
 MARKER = "specdec.json"
 SAMPLE, SAMPLE_EVERY, WHOLE = 4096, 1 << 20, 64 << 20  # the quick check: 4 KiB of every MiB past 64 MiB
@@ -43,16 +44,6 @@ _SPACE_MARGIN = 64 << 20  # left free on top of what an entry needs
 
 class CacheUnwritable(SpecdecError):
     """The cache cannot take an entry: no space left, or no permission to write there."""
-
-
-def cache_root() -> Path:
-    """The cache directory: $SPECDEC_CACHE if set, else the platform's user cache dir for specdec."""
-    env = os.environ.get("SPECDEC_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("specdec"))
 
 
 def models_dir() -> Path:
