@@ -134,15 +134,15 @@ def kernel_rows(module, query, key, value, attention_mask, **kwargs):
     sdpa_by_rows, in one call and without casts), or None where it does not run: not on a CPU, more rows than a pass
     (a prefill), the kernel not built, or an attention with what it leaves out (a softcap, sinks, a position bias,
     dropout). Whether it runs does not depend on the rows, so a model's steps and passes take the same path."""
-    if query.shape[2] > ROWS or query.device.type != "cpu" or kwargs.get("dropout") \
+    mask = attention_mask
+    if query.shape[2] > ROWS or query.device.type != "cpu" or kwargs.get("dropout") or (mask is not None and mask.dim() != 4) \
             or any(kwargs.get(k) is not None for k in ("softcap", "sinks", "s_aux", "position_bias")):
         return None
-    mask = attention_mask
-    if mask is not None and mask.dim() == 4:
+    if mask is not None:
         mask = mask[:, :, :, : key.shape[2]]  # as transformers' sdpa: the mask may run past the keys
-    scale = kwargs.get("scaling")
+    scale, causal = kwargs.get("scaling"), kwargs.get("is_causal")
     out = rows_attention.attend(query, key, value, mask, query.shape[-1] ** -0.5 if scale is None else scale,
-                                getattr(module, "is_causal", True))
+                                getattr(module, "is_causal", True) if causal is None else bool(causal))
     return None if out is None else (out, None)
 
 
