@@ -1,0 +1,107 @@
+"""Long-form transcription end to end (load excluded), specdec beside faster-whisper in one run, interleaved.
+
+The recording: the five LibriVox clips of pocketsphinx-testdata joined REPEATS times (12: 297 s, ~5 minutes;
+tasks.transcribe.joined_librivox) and its reference. Contenders (greedy, English, no timestamps):
+
+    specdec default             `specdec transcribe` with the CLI's defaults (exact, the self draft, batch 1)
+    specdec --batch-size 4      the same, four 30 s windows decoded together
+    specdec autoregressive b4   the target alone, batch 4
+    fw int8 batched 4           faster-whisper's BatchedInferencePipeline, int8, batch 4 (its VAD chunking on, as
+                                its defaults have it), beam 1
+    fw int8                     faster-whisper's WhisperModel, int8, sequential, beam 1, no VAD
+
+Each round runs every contender once (the start rotating); the best of the rounds counts; WER against the
+reference (bench.metrics.wer), and the words each contender transcribed.
+
+    .venv/bin/python benchmarks/longform.py --rounds 2 --out benchmarks/longform-5min.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_cli.bench.machine import cpu_model, load_average
+from specdec_cli.bench.metrics import wer
+from specdec_cli.options import TranscribeOptions
+from specdec_cli.tasks import transcribe as task
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=12, help="the LibriVox clips joined this many times")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    joined = task.joined_librivox(args.repeats)
+    if joined is None:
+        print("needs Debian's pocketsphinx-testdata (make data)")
+        return 2
+    audio, reference = joined
+    threads = torch.get_num_threads()
+    print(f"# {cpu_model()}, {threads} threads; {len(audio) / 16000:.0f} s of audio", flush=True)
+
+    opts = TranscribeOptions()
+    target, draft = task.load_pair(opts, progress=False)
+
+    def specdec(**overrides):
+        def run() -> str:
+            return task.transcribe(target, draft if overrides.get("mode") != "autoregressive" else None, ["long"],
+                                   opts, audios=[audio], **overrides)[0].text
+        return run
+
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from specdec_cli.models.whisper_convert import ensure_ct2
+
+    fw = WhisperModel(str(ensure_ct2("base")), device="cpu", compute_type="int8", cpu_threads=threads)
+    batched = BatchedInferencePipeline(fw)
+
+    def fw_run(batch: int):
+        def run() -> str:
+            if batch > 1:
+                segments, _ = batched.transcribe(audio, language="en", beam_size=1, batch_size=batch,
+                                                 without_timestamps=True)
+            else:
+                segments, _ = fw.transcribe(audio, language="en", beam_size=1, temperature=0.0, without_timestamps=True,
+                                            condition_on_previous_text=False, vad_filter=False)
+            return " ".join(s.text.strip() for s in segments if s.text.strip())
+        return run
+
+    contenders = {"specdec default": specdec(), "specdec --batch-size 4": specdec(batch_size=4),
+                  "specdec autoregressive b4": specdec(mode="autoregressive", batch_size=4),
+                  "fw int8 batched 4": fw_run(4), "fw int8": fw_run(1)}
+    for run in contenders.values():  # warm: kernels built, caches filled
+        run()
+    names = list(contenders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    texts: dict[str, str] = {}
+    loads = []
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            texts[name] = contenders[name]()
+            times[name].append(time.perf_counter() - t0)
+        loads.append(load_average())
+        print(f"round {r + 1}: " + "; ".join(f"{n} {times[n][-1]:.2f} s" for n in names), flush=True)
+    ref_words = len(reference.split())
+    print(f"\n{cpu_model()}, {threads} threads, load {min(loads):.1f}–{max(loads):.1f}, best of {args.rounds}; "
+          f"{len(audio) / 16000:.0f} s, {ref_words} reference words\n")
+    print("| contender | end to end s (best) | words | WER |\n|---|---:|---:|---:|")
+    for n in names:
+        print(f"| {n} | {min(times[n]):.2f} | {len(texts[n].split())} | {wer(texts[n], reference):.3f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "cpu": cpu_model(), "threads": threads, "audio_s": len(audio) / 16000, "reference_words": ref_words,
+            "load_average": [min(loads), max(loads)], "seconds": times, "texts": texts,
+            "wer": {n: wer(texts[n], reference) for n in names}, "command": " ".join(sys.argv)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
