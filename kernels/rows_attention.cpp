@@ -215,7 +215,7 @@ float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s) {
 }
 
 // The rows (b, h, r) for the G heads h0 … h0 + G − 1 (one KV head's, or some of them), row r: each head's values
-// as alone. With AVX-512 (D a multiple of 16, at most 256) the heads share each key's and value's loads.
+// as alone. With SIMD (D a multiple of 16, at most 256) the heads share each key's and value's loads.
 template <typename TQ, typename TK, int G>
 void heads_row(const Args& a, int64_t b, int64_t h0, int64_t r, float* s, float* qf, float* o) {
   const int64_t D = a.D, kvh = h0 / (a.H / a.KVH);

@@ -11,6 +11,8 @@ Norms, rotary embeddings and activations compute a row alone. So:
     step_attention   transformers' sdpa, the mask of one query dropped where transformers drops it
     sdpa_by_rows     a pass of up to ROWS queries, one query at a time over the keys a step would see
     fp32_by_rows     the same with each one-query call in fp32 (a causal LM's steps and passes alike)
+    kernel_rows      on a CPU, every row of a call in one kernels/rows_attention call, fp32, each row as alone:
+                     fp32_by_rows, kernel_or_step and kernel_or_sdpa_by_rows (Whisper's) run it where it runs
     exact_rows       a shallow copy of a causal LM (weights, buffers shared): in its decoder layers (wherever its
                      family keeps them: adapters.layers_path) every linear layer a RowLinear and every attention
                      fp32_by_rows; its output layer a RowLinear. A layer that says its rows compute alike already
