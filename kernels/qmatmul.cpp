@@ -62,7 +62,7 @@ enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };
 
 constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before the next rows are taken
 constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
-constexpr int PREFETCH_ROWS = 2;  // weight rows fetched ahead of the one being unpacked
+constexpr int64_t PREFETCH_BYTES = 8192;  // how far ahead of the bytes being unpacked the weights are fetched
 constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
 // K-quant calls of at most this many rows unpack each group in registers, for row tiles of ≤ 8 (fused8); past 8 rows
 // Q6_K's tiles were slower than the L1 buffer (rows_kquant), Q4_K's faster up to 16 (benchmarks/README.md)
@@ -145,6 +145,7 @@ inline void kquant_scales8(const uint8_t* s, uint64_t& sc, uint64_t& mn) {
   sc = (uint64_t)(a & 0x3f3f3f3fu) | (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
   mn = (uint64_t)(b & 0x3f3f3f3fu) | (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
 }
+
 
 // ---------------------------------------------------------------------------------------------------------------
 // Unpacking one group: integer weights w[G] (int16) and its scales. Portable; the SIMD paths have their own
@@ -623,6 +624,17 @@ VNNI_FN inline __attribute__((always_inline)) __m512 min_lanes_avx512(const floa
   return mn;
 }
 
+// Q4_K / Q5_K, from a block's first 16 bytes (d, dmin and the 12 packed bytes s_i = byte 4 + i), in one register:
+// bytes 0–7 sc_j, 8–15 m_j (kquant_scales' values). Low bits: sc_j = s_j & 63, m_j = s_4+j & 63 (j < 4),
+// sc_j = s_4+j & 15, m_j = s_4+j >> 4 (j ≥ 4); top two bits (j ≥ 4): those of s_j−4 (sc), s_j (m).
+VNNI_FN inline __m128i kquant_scales16(__m128i q) {
+  const __m128i lo = _mm_shuffle_epi8(q, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m128i hi = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+  const __m128i low = _mm_and_si128(_mm_blend_epi16(lo, _mm_srli_epi16(lo, 4), 0xC0),
+                                    _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  return _mm_or_si128(low, _mm_srli_epi16(_mm_and_si128(hi, _mm_set1_epi8((char)0xC0)), 2));
+}
+
 // unpack8_portable's values, a 64-position chunk a zmm: the file's 64-byte load of nibbles is one chunk as it is.
 // load8 reads a group's bytes into registers, chunk8 makes chunk k's quants and scales from them.
 struct Raw8 {
@@ -630,7 +642,8 @@ struct Raw8 {
   __m512i h0, h1;  // Q5_K: qh twice (h0); Q6_K: qh bytes 0–31 (h0) and 32–63 (h1), each twice
   __m512i scx;     // the sub-block scales as int16 (8 or 16)
   float d;
-  uint64_t m8;     // Q4_K/Q5_K: the 8 six-bit minimums, byte j = m_j
+  __m128i sm;      // Q4_K/Q5_K: kquant_scales16 (bytes 8–15: the minimums m_j)
+  __m128 dd;       // Q4_K/Q5_K: d, dmin
 };
 
 struct Index8 {  // the scale of positions 2i, 2i + 1 of chunk k: Q6_K sc[4k + i / 8], Q4_K/Q5_K sc[SB[2k + i / 16]]
@@ -655,10 +668,11 @@ VNNI_FN inline __attribute__((always_inline)) Raw8 load8(const uint8_t* b) {
     r.h0 = twice(b + 128);
     r.h1 = twice(b + 160);
   } else {
-    r.d = f16c(rd16(b));
-    uint64_t sc8;
-    kquant_scales8(b + 4, sc8, r.m8);
-    r.scx = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+    const __m128i q = _mm_loadu_si128((const __m128i*)b);
+    r.dd = _mm_cvtph_ps(q);  // d, dmin
+    r.d = _mm_cvtss_f32(r.dd);
+    r.sm = kquant_scales16(q);
+    r.scx = _mm512_castsi128_si512(_mm_cvtepu8_epi16(r.sm));
     const uint8_t* qs = b + (QT == Q5_K ? 48 : 16);
     r.v0 = _mm512_loadu_si512(qs);
     r.v1 = _mm512_loadu_si512(qs + 64);
@@ -688,10 +702,10 @@ VNNI_FN inline __attribute__((always_inline)) void chunk8(const Raw8& r, int k, 
   }
 }
 
-// A K-quant group's minimums dmin · float(m_j), 8 at once (row_mins' products); m8 from kquant_scales8
-VNNI_FN inline __attribute__((always_inline)) void mins8(const uint8_t* b, uint64_t m8, float* mm) {
-  __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)));
-  _mm256_storeu_ps(mm, _mm256_mul_ps(_mm256_set1_ps(f16c(rd16(b + 2))), mf));
+// A K-quant group's minimums dmin · float(m_j), 8 at once (row_mins' products), from kquant_scales16 and d, dmin
+VNNI_FN inline __attribute__((always_inline)) void mins8(__m128i sm, __m128 dd, float* mm) {
+  __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+  _mm256_storeu_ps(mm, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mf));
 }
 
 template <int QT>
@@ -712,6 +726,13 @@ VNNI_FN void unpack8_avx512(int qtype, const uint8_t* b, uint8_t* u, int16_t* s,
   else unpack8_avx512_t<Q4_K>(b, u, s, d);
 }
 
+// The weights PREFETCH_BYTES ahead of a block of n bytes at b (a thread's rows are one stream), up to end
+inline void prefetch(const uint8_t* b, int64_t n, const uint8_t* end) {
+  const uint8_t* a = b + PREFETCH_BYTES;
+  if (a + n <= end)
+    for (int64_t l = 0; l < n; l += 64) _mm_prefetch((const char*)(a + l), _MM_HINT_T0);
+}
+
 // Groups of one weight row, unpacked: G = 32: w int16 [K]; K-quants: u [groups · 256] and s [groups · 128] (a
 // chunk of GROUP_CHUNK groups at a time), d [K / G], mm [S16] (the minimums dmin·m_j or m, zero past K / 32).
 struct RowBuf {
@@ -726,17 +747,14 @@ struct RowBuf {
 // K-quants: groups [g0, g1) of weight row n into rb (u, s at g − g0; d and mm at g)
 VNNI_FN void unpack_groups8_avx512(const Call& c, int64_t n, int64_t g0, int64_t g1, RowBuf& rb) {
   const uint8_t* row = c.w + n * c.row_bytes;
-  // the same bytes two rows ahead, a cache line at a time as these are read
-  const uint8_t* ahead = n + PREFETCH_ROWS < c.N ? row + PREFETCH_ROWS * c.row_bytes : nullptr;
+  const uint8_t* end = c.w + c.N * c.row_bytes;
   for (int64_t g = g0; g < g1; g++) {
     const uint8_t* b = row + g * c.f.block_bytes;
-    if (ahead)
-      for (int64_t l = 0; l < c.f.block_bytes; l += 64) _mm_prefetch((const char*)(ahead + (b - row) + l), _MM_HINT_T0);
+    prefetch(b, c.f.block_bytes, end);
     unpack8_avx512(c.qtype, b, rb.u.data() + (g - g0) * 256, rb.s.data() + (g - g0) * 128, rb.d[g]);
     if (c.f.kmin) {
-      uint64_t sc8, m8;
-      kquant_scales8(b + 4, sc8, m8);
-      mins8(b, m8, rb.mm.data() + g * 8);
+      const __m128i q = _mm_loadu_si128((const __m128i*)b);
+      mins8(kquant_scales16(q), _mm_cvtph_ps(q), rb.mm.data() + g * 8);
     }
   }
 }
@@ -850,15 +868,14 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
     xr[i] = c.xq8 + (m0 + i) * c.K, x32[i] = QT == Q6_K ? c.x32 + (m0 + i) * (c.K / 2) : nullptr;
   const uint8_t* row[NR];
   for (int r = 0; r < NR; r++) row[r] = c.w + (n + r) * c.row_bytes;
-  const bool ahead = n + NR - 1 + PREFETCH_ROWS < c.N;  // the same bytes two rows ahead, as these are read
+  const uint8_t* end = c.w + c.N * c.row_bytes;
   for (int64_t g = 0; g < groups; g++) {
     Raw8 raw[NR];
     for (int r = 0; r < NR; r++) {
       const uint8_t* b = row[r] + g * c.f.block_bytes;
-      if (ahead)
-        for (int64_t l = 0; l < c.f.block_bytes; l += 64) _mm_prefetch((const char*)(b + PREFETCH_ROWS * c.row_bytes + l), _MM_HINT_T0);
+      prefetch(b, c.f.block_bytes, end);
       raw[r] = load8<QT>(b);
-      if constexpr (QT != Q6_K) mins8(b, raw[r].m8, rb[r]->mm.data() + g * 8);
+      if constexpr (QT != Q6_K) mins8(raw[r].sm, raw[r].dd, rb[r]->mm.data() + g * 8);
     }
     __m512i is[NR][MR];  // one chain each: a group's sums do not wait for the last group's
     for (int r = 0; r < NR; r++)
