@@ -1170,12 +1170,14 @@ void quantize_rows(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8
   });
 }
 
-// y = x · Wᵀ (+ bias). x [M, K] fp32 or bf16; w [N, row_bytes] uint8 (the file's blocks, row after row);
-// bias [N] fp32 or undefined; path 0 = the best this CPU has. -> [M, N] in x's dtype.
+// y = x · Wᵀ (+ bias). x [..., K] fp32 or bf16 (M rows); w [N, row_bytes] uint8 (the file's blocks, row after
+// row); bias [N] fp32 or undefined; path 0 = the best this CPU has. -> [..., N] in x's dtype.
 torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                  c10::optional<torch::Tensor> bias, int64_t path) {
   const Format f = format_of(qtype);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "qmatmul: x must be [M, K]");
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "qmatmul: x must be [..., K]");
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = N;
   TORCH_CHECK(K % f.G == 0, "qmatmul: K = ", K, " is not a multiple of ", f.G);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "qmatmul: x must be fp32 or bf16");
   const int64_t row_bytes = K / f.G * f.block_bytes;
@@ -1183,9 +1185,9 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
               "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
   if (path == AUTO) path = best_path();
   TORCH_CHECK(path >= PORTABLE && path <= best_path(), "qmatmul: path ", path, " does not run on this CPU");
-  x = x.contiguous();
+  x = x.reshape({-1, K}).contiguous();
   const int64_t M = x.size(0);
-  auto out = torch::empty({M, N}, x.options().dtype(at::kFloat));
+  auto out = torch::empty(shape, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return out.to(x.scalar_type());
   torch::Tensor b;
   if (bias && bias->defined()) {
