@@ -64,7 +64,7 @@ constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before 
 constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
 constexpr int64_t PREFETCH_BYTES = 8192;  // how far ahead of the bytes being unpacked the weights are fetched
 constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
-// K-quant calls of at most this many rows unpack each group in registers, for row tiles of ≤ 8 (fused8); past 8 rows
+// K-quant calls of at most this many rows unpack each group in registers, in row tiles (fused8, small8); past 8 rows
 // Q6_K's tiles were slower than the L1 buffer (rows_kquant), Q4_K's faster up to 16 (benchmarks/README.md)
 constexpr int SMALL_ROWS = 16, SMALL_ROWS_Q6 = 8;
 constexpr int MANY_ROWS = 16;     // above: every weight row of a tile unpacked together (tile_kquant_many_avx512)
@@ -893,7 +893,10 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
     for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + m0 + i) * 16, acc[r][i]);
 }
 
-// One weight row at a time (with two, their registers spill to the stack: slower), rows [m0, m0 + mt), mt ≤ 8
+// One weight row at a time (with two, their registers spill to the stack: slower), rows [m0, m0 + mt), mt ≤ 12;
+// Q6_K's tiles stop at 8 (past 8 its registers spill: 9 and 12 rows ran 0.8x; Q4_K's 12 ran 1.06x 5 + 4)
+constexpr int TILE_ROWS = 12, TILE_ROWS_Q6 = 8;
+
 template <int QT>
 VNNI_FN void small8_t(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, int64_t mt, float* accm) {
   switch (mt) {
@@ -906,11 +909,21 @@ VNNI_FN void small8_t(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, i
     case 7: return fused8<1, 7, QT>(c, rb, n, m0, accm);
     case 8: return fused8<1, 8, QT>(c, rb, n, m0, accm);
   }
+  if constexpr (QT != Q6_K) {
+    switch (mt) {
+      case 9: return fused8<1, 9, QT>(c, rb, n, m0, accm);
+      case 10: return fused8<1, 10, QT>(c, rb, n, m0, accm);
+      case 11: return fused8<1, 11, QT>(c, rb, n, m0, accm);
+      case 12: return fused8<1, 12, QT>(c, rb, n, m0, accm);
+    }
+  }
 }
 
-// Every row of the call, in as few tiles of ≤ 8 rows as there can be, of sizes as equal as they can be (9: 5 + 4)
+// Every row of the call, in as few tiles of ≤ TILE_ROWS (Q6_K: TILE_ROWS_Q6) rows as there can be, of sizes as
+// equal as they can be (Q6_K, 9 rows: 5 + 4)
 VNNI_FN void small8(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
-  const int64_t tiles = (c.M + 7) / 8;
+  const int most = c.qtype == Q6_K ? TILE_ROWS_Q6 : TILE_ROWS;
+  const int64_t tiles = (c.M + most - 1) / most;
   for (int64_t t = 0, m0 = 0; t < tiles; t++) {
     const int64_t mt = (c.M - m0) / (tiles - t);
     if (c.qtype == Q6_K) small8_t<Q6_K>(c, rb, n, m0, mt, accm);
