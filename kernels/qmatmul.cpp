@@ -34,8 +34,9 @@
 //
 // Cost: each weight group is unpacked once per call (per 64 rows of a long call) and applied to every row. The
 // K-quants stay unsigned bytes (their 4–6 bits): a row costs one vpmaddubsw (u8 × s8 pairs, 64 products) and one
-// vpdpwssd (the pairs times their sub-block scale, into int32) per 64 weights, and a float step per group. The
-// others are widened to int16 and cost one vpdpwssd per 32 weights. The AVX-512 path unpacks 8 groups of 2 weight
+// vpdpwssd (the pairs times their sub-block scale, into int32) per 64 weights, and a float step per group (Q6_K on
+// AVX-512: x + 128 as the unsigned side, q − 32 as the signed one, and 128 · Σ sc·(q − 32), the weights' alone, taken
+// away once per group and weight row, whatever the rows; the integers are the same). The others are widened to int16 and cost one vpdpwssd per 32 weights. The AVX-512 path unpacks 8 groups of 2 weight
 // rows at a time (they stay in L1) and holds a 2 × 4 tile of accumulators (weight rows × rows) in registers.
 
 #include <torch/extension.h>
@@ -64,9 +65,9 @@ constexpr int ROW_TILE = 64;  // rows applied to one unpacked weight row before 
 constexpr int NB = 32;        // weight rows per tile (their blocks stay in L2 across row tiles)
 constexpr int64_t PREFETCH_BYTES = 8192;  // how far ahead of the bytes being unpacked the weights are fetched
 constexpr int GROUP_CHUNK = 8;    // K-quant groups unpacked at a time (2 rows × 8 × 512 bytes: in L1)
-// K-quant calls of at most this many rows unpack each group in registers, in row tiles (fused8, small8); past 8 rows
-// Q6_K's tiles were slower than the L1 buffer (rows_kquant), Q4_K's faster up to 16 (benchmarks/README.md)
-constexpr int SMALL_ROWS = 16, SMALL_ROWS_Q6 = 8;
+// K-quant calls of at most this many rows unpack each group in registers, in row tiles (fused8, small8); above, the
+// unpacked groups go through an L1 buffer (rows_kquant)
+constexpr int SMALL_ROWS = 16;
 constexpr int MANY_ROWS = 16;     // above: every weight row of a tile unpacked together (tile_kquant_many_avx512)
 
 struct Format {
@@ -348,7 +349,8 @@ struct Call {
   Format f;
   const int16_t* xq;  // G = 32: [M, K]
   const int8_t* xq8;  // G = 256: [M, K], the kernel order
-  const int16_t* x32; // Q6_K: [M, K / 2]
+  const int16_t* x32; // Q6_K, AVX2 and portable paths: [M, K / 2]
+  const uint8_t* xu;  // Q6_K, AVX-512 path: xq8 + 128 as unsigned bytes [M, K] (x32 is not made)
   const float* dx;
   const float* xsd;   // [M, S16]
   const float* bias;  // [N] or null
@@ -636,7 +638,7 @@ VNNI_FN inline __m128i kquant_scales16(__m128i q) {
 }
 
 // unpack8_portable's values, a 64-position chunk a zmm: the file's 64-byte load of nibbles is one chunk as it is.
-// load8 reads a group's bytes into registers, chunk8 makes chunk k's quants and scales from them.
+// load8 reads a group's bytes into registers, chunk8 makes chunk k's quants (Q6_K: q − 32, signed) and scales.
 struct Raw8 {
   __m512i v0, v1;  // the nibbles: qs (Q4_K, Q5_K) or ql (Q6_K), bytes 0–63 and 64–127
   __m512i h0, h1;  // Q5_K: qh twice (h0); Q6_K: qh bytes 0–31 (h0) and 32–63 (h1), each twice
@@ -690,7 +692,8 @@ VNNI_FN inline __attribute__((always_inline)) void chunk8(const Raw8& r, int k, 
   if constexpr (QT == Q6_K) {  // qh's bits 2·(2(k % 2) + h) in half h
     const long long a = 4 * (k % 2);
     const __m512i hb = _mm512_srlv_epi64(k / 2 ? r.h1 : r.h0, _mm512_set_epi64(a + 2, a + 2, a + 2, a + 2, a, a, a, a));
-    w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(3)), 4));
+    w = _mm512_sub_epi8(_mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(3)), 4)),
+                        _mm512_set1_epi8(32));  // q − 32, signed
     s = _mm512_permutexvar_epi16(_mm512_load_si512(INDEX8.q6[k]), r.scx);
   } else {
     if constexpr (QT == Q5_K) {  // sub-blocks SB[2k], SB[2k + 1]: the fifth bit of sub-block sb is bit sb of qh
@@ -771,19 +774,24 @@ VNNI_FN void unpack_row_avx512(const Call& c, int64_t n, RowBuf& rb) {
 }
 
 // One chunk k of group g for NR weight rows × MR rows: is[r][i] += the pairs of weight chunk wv[r] and row i's x
-// (u8 × s8 into int16: exact, |·| ≤ 2 · 63 · 127; Q6: less x32, the offset 32) times their scales sv[r], into int32.
+// (u8 × s8 into int16: exact, |·| ≤ 2 · 31 · 127; Q6_K: x + 128 (xu, unsigned) times q − 32 (signed), |·| ≤
+// 2 · 255 · 32) times their scales sv[r], into int32. Q6_K's 128 · Σ sc·(q − 32) is taken away per group (offset128).
 template <int NR, int MR, bool Q6>
 VNNI_FN inline __attribute__((always_inline)) void chunk_products(const __m512i* wv, const __m512i* sv,
-                                                                  const int8_t* const* xr, const int16_t* const* x32,
+                                                                  const int8_t* const* xr, const uint8_t* const* xu,
                                                                   int64_t g, int k, __m512i (&is)[NR][MR]) {
   for (int i = 0; i < MR; i++) {
-    const __m512i xv = _mm512_loadu_si512(xr[i] + g * 256 + 64 * k);
+    const __m512i xv = _mm512_loadu_si512(Q6 ? (const void*)(xu[i] + g * 256 + 64 * k) : (const void*)(xr[i] + g * 256 + 64 * k));
     for (int r = 0; r < NR; r++) {
-      __m512i pr = _mm512_maddubs_epi16(wv[r], xv);
-      if constexpr (Q6) pr = _mm512_sub_epi16(pr, _mm512_loadu_si512(x32[i] + g * 128 + 32 * k));
+      const __m512i pr = Q6 ? _mm512_maddubs_epi16(xv, wv[r]) : _mm512_maddubs_epi16(wv[r], xv);
       is[r][i] = _mm512_dpwssd_epi32(is[r][i], pr, sv[r]);
     }
   }
+}
+
+// Q6_K: what x + 128 adds to a chunk's lanes, 128 · Σ sc·(q − 32) over each lane's positions (the weights' alone)
+VNNI_FN inline __attribute__((always_inline)) __m512i offset128(__m512i acc, __m512i wv, __m512i sv) {
+  return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), wv), sv);
 }
 
 // The group's float step (the top's acc_l): acc[r][i] += float(is[r][i]) · (d_r · dx of row m + i, group g)
@@ -798,7 +806,7 @@ VNNI_FN inline __attribute__((always_inline)) void group_step(const Call& c, con
 }
 
 // NR weight rows × MR rows over groups [g0, g1) of a K-quant: the accumulators stay in registers across the groups,
-// in accm [NR][ROW_TILE][16] between calls. Q6: take x32 away from the pairs (q − 32 = the value's quant).
+// in accm [NR][ROW_TILE][16] between calls. Q6: x + 128 times q − 32, less offset128 once per group.
 template <int NR, int MR, bool Q6>
 VNNI_FN inline __attribute__((always_inline)) void micro8(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1,
                                                           int64_t m, int64_t mrow, float* accm) {
@@ -807,8 +815,8 @@ VNNI_FN inline __attribute__((always_inline)) void micro8(const Call& c, RowBuf*
   for (int r = 0; r < NR; r++)
     for (int i = 0; i < MR; i++) acc[r][i] = _mm512_load_ps(accm + (r * ROW_TILE + mrow + i) * 16);
   const int8_t* xr[MR];
-  const int16_t* x32[MR];
-  for (int i = 0; i < MR; i++) xr[i] = c.xq8 + (m + i) * c.K, x32[i] = Q6 ? c.x32 + (m + i) * (c.K / 2) : nullptr;
+  const uint8_t* xu[MR];
+  for (int i = 0; i < MR; i++) xr[i] = c.xq8 + (m + i) * c.K, xu[i] = Q6 ? c.xu + (m + i) * c.K : nullptr;
   // CH independent integer chains per accumulator (summed after: exact), so that a small tile is not bound by
   // vpdpwssd's latency
   constexpr int CH = NR * MR >= 8 ? 1 : NR * MR >= 4 ? 2 : 4;
@@ -817,17 +825,23 @@ VNNI_FN inline __attribute__((always_inline)) void micro8(const Call& c, RowBuf*
     for (int h = 0; h < CH; h++)
       for (int r = 0; r < NR; r++)
         for (int i = 0; i < MR; i++) is[h][r][i] = _mm512_setzero_si512();
+    __m512i off[NR];
+    for (int r = 0; r < NR; r++) off[r] = _mm512_setzero_si512();
     for (int k = 0; k < 4; k++) {
       __m512i wv[NR], sv[NR];
       for (int r = 0; r < NR; r++) {
         wv[r] = _mm512_loadu_si512(rb[r]->u.data() + (g - g0) * 256 + 64 * k);
         sv[r] = _mm512_loadu_si512(rb[r]->s.data() + (g - g0) * 128 + 32 * k);
+        if constexpr (Q6) off[r] = offset128(off[r], wv[r], sv[r]);
       }
-      chunk_products<NR, MR, Q6>(wv, sv, xr, x32, g, k, is[k % CH]);
+      chunk_products<NR, MR, Q6>(wv, sv, xr, xu, g, k, is[k % CH]);
     }
     for (int h = 1; h < CH; h++)
       for (int r = 0; r < NR; r++)
         for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_add_epi32(is[0][r][i], is[h][r][i]);
+    if constexpr (Q6)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[0][r][i] = _mm512_sub_epi32(is[0][r][i], off[r]);
     float d[NR];
     for (int r = 0; r < NR; r++) d[r] = rb[r]->d[g];
     group_step<NR, MR>(c, d, m, g, is[0], acc);
@@ -863,9 +877,8 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
   for (int r = 0; r < NR; r++)
     for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
   const int8_t* xr[MR];
-  const int16_t* x32[MR];
-  for (int i = 0; i < MR; i++)
-    xr[i] = c.xq8 + (m0 + i) * c.K, x32[i] = QT == Q6_K ? c.x32 + (m0 + i) * (c.K / 2) : nullptr;
+  const uint8_t* xu[MR];
+  for (int i = 0; i < MR; i++) xr[i] = c.xq8 + (m0 + i) * c.K, xu[i] = QT == Q6_K ? c.xu + (m0 + i) * c.K : nullptr;
   const uint8_t* row[NR];
   for (int r = 0; r < NR; r++) row[r] = c.w + (n + r) * c.row_bytes;
   const uint8_t* end = c.w + c.N * c.row_bytes;
@@ -880,11 +893,19 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
     __m512i is[NR][MR];  // one chain each: a group's sums do not wait for the last group's
     for (int r = 0; r < NR; r++)
       for (int i = 0; i < MR; i++) is[r][i] = _mm512_setzero_si512();
+    __m512i off[NR];
+    for (int r = 0; r < NR; r++) off[r] = _mm512_setzero_si512();
     for (int k = 0; k < 4; k++) {
       __m512i wv[NR], sv[NR];
-      for (int r = 0; r < NR; r++) chunk8<QT>(raw[r], k, wv[r], sv[r]);
-      chunk_products<NR, MR, QT == Q6_K>(wv, sv, xr, x32, g, k, is);
+      for (int r = 0; r < NR; r++) {
+        chunk8<QT>(raw[r], k, wv[r], sv[r]);
+        if constexpr (QT == Q6_K) off[r] = offset128(off[r], wv[r], sv[r]);
+      }
+      chunk_products<NR, MR, QT == Q6_K>(wv, sv, xr, xu, g, k, is);
     }
+    if constexpr (QT == Q6_K)
+      for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) is[r][i] = _mm512_sub_epi32(is[r][i], off[r]);
     float d[NR];
     for (int r = 0; r < NR; r++) d[r] = raw[r].d;
     group_step<NR, MR>(c, d, m0, g, is, acc);
@@ -995,7 +1016,7 @@ VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
   alignas(64) float accm[2 * ROW_TILE * 16];  // [NR][ROW_TILE] zmm
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
-    if (c.f.G == 256 && c.M <= (c.qtype == Q6_K ? SMALL_ROWS_Q6 : SMALL_ROWS)) {
+    if (c.f.G == 256 && c.M <= SMALL_ROWS) {
       for (int64_t n = n0; n < n1; n++) {
         small8(c, rb, n, accm);
         finish_rows(c, b0, n, 0, c.M, accm);
@@ -1062,7 +1083,7 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, floa
 
 // quantize_row8_portable's values with AVX-512
 template <typename T>
-VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, float* dx, float* xsd, int16_t* x32) {
+VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, float* dx, float* xsd, uint8_t* xu) {
   alignas(64) float buf[256];
   const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
   for (int64_t g = 0; g < K / 256; g++) {
@@ -1091,10 +1112,10 @@ VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, 
       _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(b));
       xsd[g * 8 + j] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)) * dx[g];
     }
-    if (x32)  // 32·(x_2t + x_2t+1): vpmaddubsw with 32 as the unsigned side, as the kernel's pairs are formed
+    if (xu)  // Q6_K: x + 128 as unsigned bytes (the sign bit flipped)
       for (int k = 0; k < 4; k++)
-        _mm512_storeu_si512(x32 + g * 128 + 32 * k,
-                            _mm512_maddubs_epi16(_mm512_set1_epi8(32), _mm512_loadu_si512(xq + g * 256 + 64 * k)));
+        _mm512_storeu_si512(xu + g * 256 + 64 * k,
+                            _mm512_xor_si512(_mm512_loadu_si512(xq + g * 256 + 64 * k), _mm512_set1_epi8((char)0x80)));
   }
   for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
 }
@@ -1162,7 +1183,8 @@ int best_path() {
 // Every row's activations (see the top) into the buffers c reads: G = 32 into xq, the K-quants into xq8 (and x32
 // for Q6_K), and dx, xsd
 template <typename T>
-void quantize_rows(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8, int16_t* x32, float* dx, float* xsd) {
+void quantize_rows(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8, int16_t* x32, uint8_t* xu, float* dx,
+                   float* xsd) {
   const int64_t K = c.K, G = c.f.G;
   at::parallel_for(0, c.M, 4, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
@@ -1170,7 +1192,10 @@ void quantize_rows(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8
       if (G == 256) {
         int16_t* x32m = x32 ? x32 + m * (K / 2) : nullptr;
 #if QMM_X86
-        if (path == AVX512VNNI) { quantize_row8_avx512<T>(x + m * K, K, c.qtype, xq8 + m * K, dxm, xsdm, x32m); continue; }
+        if (path == AVX512VNNI) {
+          quantize_row8_avx512<T>(x + m * K, K, c.qtype, xq8 + m * K, dxm, xsdm, xu ? xu + m * K : nullptr);
+          continue;
+        }
 #endif
         quantize_row8_portable<T>(x + m * K, K, c.qtype, xq8 + m * K, dxm, xsdm, x32m);
         continue;
@@ -1208,19 +1233,22 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
     TORCH_CHECK(b.numel() == N, "qmatmul: bias must be [N]");
   }
   const bool k8 = f.G == 256;
-  std::vector<int16_t> xq(k8 ? 0 : M * K), x32(qtype == Q6_K ? M * K / 2 : 0);
+  const bool q6_wide = qtype == Q6_K && path == AVX512VNNI;  // xu, else x32 (see Call)
+  std::vector<int16_t> xq(k8 ? 0 : M * K), x32(qtype == Q6_K && !q6_wide ? M * K / 2 : 0);
   std::vector<int8_t> xq8(k8 ? M * K : 0);
+  std::vector<uint8_t> xu(q6_wide ? M * K : 0);
   std::vector<float> dx(M * (K / f.G));
   std::vector<float> xsd(M * s16(K));
   int16_t* x32p = x32.empty() ? nullptr : x32.data();
+  uint8_t* xup = xu.empty() ? nullptr : xu.data();
   Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, xq.data(), xq8.data(),
-         x32p, dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr,
+         x32p, xup, dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr,
          out.data_ptr<float>()};
   if (x.scalar_type() == at::kFloat)
-    quantize_rows<float>(x.data_ptr<float>(), c, (int)path, xq.data(), xq8.data(), x32p, dx.data(), xsd.data());
+    quantize_rows<float>(x.data_ptr<float>(), c, (int)path, xq.data(), xq8.data(), x32p, xup, dx.data(), xsd.data());
   else
-    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, (int)path, xq.data(), xq8.data(), x32p, dx.data(),
-                                 xsd.data());
+    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, (int)path, xq.data(), xq8.data(), x32p, xup,
+                                 dx.data(), xsd.data());
   const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t a = n0; a < n1; a += NB) {
@@ -1273,7 +1301,7 @@ void dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K, torch::Ten
               (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
               "qmatmul: out must be a contiguous [N, K] fp32 or bf16 tensor");
   Call c{w.data_ptr<uint8_t>(), N, K, 0, row_bytes, s16(K), (int)qtype, f, nullptr, nullptr, nullptr, nullptr, nullptr,
-         nullptr, nullptr};
+         nullptr, nullptr, nullptr};
   if (path == AUTO) path = best_path();
   TORCH_CHECK(path >= PORTABLE && path <= best_path(), "qmatmul: path ", path, " does not run on this CPU");
   if (out.scalar_type() == at::kFloat) dequantize_into<float>(c, out.data_ptr<float>(), (int)path);

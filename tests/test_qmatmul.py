@@ -74,7 +74,7 @@ def test_a_row_does_not_depend_on_the_others(name):
     blocks = gb.random_blocks(name, N, K, seed=2)
     x = torch.randn(40, K)
     batch = qmatmul.gguf_mm(x, blocks, name, N, K)  # 40 rows: two row tiles
-    for M in (3, 8, 9, 17, 33):
+    for M in (3, 8, 9, 12, 16, 17, 33):
         assert torch.equal(qmatmul.gguf_mm(x[:M], blocks, name, N, K), batch[:M])
         assert torch.equal(qmatmul.gguf_mm(x[7:7 + M], blocks, name, N, K), batch[7:7 + M])
     alone = torch.cat([qmatmul.gguf_mm(x[i:i + 1], blocks, name, N, K) for i in range(40)])
