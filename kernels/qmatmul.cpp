@@ -1308,6 +1308,196 @@ void dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K, torch::Ten
   else dequantize_into<uint16_t>(c, (uint16_t*)out.data_ptr<c10::BFloat16>(), (int)path);
 }
 
+
+#if QMM_X86
+// ---------------------------------------------------------------------------------------------------------------
+// A prompt's product (many rows; the K-quants on AVX-512 VNNI): y = x · Wᵀ with x quantized as mm quantizes it
+// (int8 per 256, the kernel order), and a zmm's 16 lanes 16 outputs: the quants of 16 weight rows interleaved 4 at a
+// time, [K / 4][16][4] (unsigned), times 4 bytes of a row of x broadcast (vpdpbusd: 64 products an instruction,
+// exact), a slot's int32 sums (32 positions, Q6_K 16) then times the slot's scale in fp32, a group's times dx; the
+// minimums (Q6_K: its offset 32) after the groups. Twice the products an instruction of mm's pairs (vpmaddubsw,
+// vpdpwssd), which suit a few rows but not hundreds. Its float order is not mm's: a prompt's rows go through it
+// alone, and every mode prefills the same way.
+
+struct Packed {  // weight rows n0 .. n0 + 16 of a call
+  std::vector<uint8_t> q;   // [K / 4][16][4]
+  std::vector<float> s;     // [slots][16]: the scale of slot j (Q4_K: d·sc_SB[j mod 8], 32 positions; Q6_K: d·sc_j, 16)
+  std::vector<float> mn;    // Q4_K, Q5_K: [K / 32][16] dmin·m_j; Q6_K: [K / 256][16] (pack16); taken away
+  std::vector<uint8_t> rows;  // [16][K]: the rows' quants before interleaving
+  Packed(int64_t K, int slot) : q(K * 16), s(K / slot * 16), mn(K / slot * 16), rows(16 * K) {}
+};
+
+template <int QT>
+VNNI_FN void pack16(const Call& c, int64_t n0, Packed& p) {
+  const int64_t groups = c.K / 256;
+  for (int n = 0; n < 16; n++) {
+    const uint8_t* row = c.w + (n0 + n) * c.row_bytes;
+    for (int64_t g = 0; g < groups; g++) {
+      const uint8_t* b = row + g * c.f.block_bytes;
+      const Raw8 r = load8<QT>(b);
+      for (int k = 0; k < 4; k++) {
+        __m512i w, sc;
+        chunk8<QT>(r, k, w, sc);
+        _mm512_storeu_si512(p.rows.data() + n * c.K + g * 256 + 64 * k, w);
+      }
+      if constexpr (QT == Q6_K) {  // mn: what x + 128 adds, 128 · d · Σ sc_j · Σ (q − 32) (the integer exact)
+        const int8_t* s6 = (const int8_t*)(b + 192);
+        const int8_t* q = (const int8_t*)(p.rows.data() + n * c.K + g * 256);
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++) {
+          p.s[(g * 16 + j) * 16 + n] = r.d * (float)s6[j];
+          int32_t t = 0;
+          for (int i = 0; i < 16; i++) t += q[16 * j + i];
+          sum += (int32_t)s6[j] * t;
+        }
+        p.mn[g * 16 + n] = 128.f * r.d * (float)sum;
+      } else {
+        alignas(16) uint8_t sm[16];
+        _mm_store_si128((__m128i*)sm, r.sm);
+        const float dmin = _mm_cvtss_f32(_mm_movehdup_ps(r.dd));
+        for (int j = 0; j < 8; j++) {
+          p.s[(g * 8 + j) * 16 + n] = r.d * (float)sm[SB[j]];  // slot j holds sub-block SB[j]
+          p.mn[(g * 8 + j) * 16 + n] = dmin * (float)sm[8 + j];  // natural j
+        }
+      }
+    }
+  }
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32((int)c.K));
+  for (int64_t k4 = 0; k4 < c.K / 4; k4++)
+    _mm512_storeu_si512(p.q.data() + k4 * 64, _mm512_i32gather_epi32(idx, p.rows.data() + 4 * k4, 1));
+}
+
+// R rows × NB blocks of 16 outputs
+template <int QT, int R, int NB>
+VNNI_FN void prompt_tile(const Call& c, const Packed* const* p, const int8_t* xq, const float* dx, const float* xm,
+                         int64_t S, int64_t xs, int64_t m0, int64_t n0, float* y) {
+  constexpr int SLOT = QT == Q6_K ? 16 : 32, SLOTS = 256 / SLOT;
+  const int64_t groups = c.K / 256;
+  __m512 acc[R][NB];  // in memory: touched once a group (the registers hold ia and gacc)
+  for (int r = 0; r < R; r++)
+    for (int b = 0; b < NB; b++) acc[r][b] = _mm512_setzero_ps();
+  const int8_t* xr[R];
+  for (int r = 0; r < R; r++) xr[r] = xq + (m0 + r) * c.K;
+  for (int64_t g = 0; g < groups; g++) {
+    __m512 gacc[R][NB];
+    for (int r = 0; r < R; r++)
+      for (int b = 0; b < NB; b++) gacc[r][b] = _mm512_setzero_ps();
+    for (int j = 0; j < SLOTS; j++) {
+      __m512i ia[R][NB];
+      for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) ia[r][b] = _mm512_setzero_si512();
+      const int64_t k40 = (g * 256 + j * SLOT) / 4;
+      for (int t = 0; t < SLOT / 4; t++) {
+        __m512i w[NB];
+        for (int b = 0; b < NB; b++) w[b] = _mm512_loadu_si512(p[b]->q.data() + (k40 + t) * 64);
+        for (int r = 0; r < R; r++) {
+          int32_t xv;
+          std::memcpy(&xv, xr[r] + 4 * (k40 + t), 4);
+          const __m512i xb = _mm512_set1_epi32(xv);
+          for (int b = 0; b < NB; b++)  // Q6_K: x + 128 unsigned, q − 32 signed; else the quants unsigned
+            ia[r][b] = QT == Q6_K ? _mm512_dpbusd_epi32(ia[r][b], xb, w[b]) : _mm512_dpbusd_epi32(ia[r][b], w[b], xb);
+        }
+      }
+      for (int b = 0; b < NB; b++) {
+        const __m512 s = _mm512_loadu_ps(p[b]->s.data() + (g * SLOTS + j) * 16);
+        for (int r = 0; r < R; r++) gacc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][b]), s, gacc[r][b]);
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      const __m512 d = _mm512_set1_ps(dx[(m0 + r) * groups + g]);
+      for (int b = 0; b < NB; b++) acc[r][b] = _mm512_fmadd_ps(gacc[r][b], d, acc[r][b]);
+    }
+  }
+  for (int64_t j = 0; j < S; j++)  // the minimums (Q6_K: the 128 of x + 128 a group), j natural
+    for (int b = 0; b < NB; b++) {
+      const __m512 mv = _mm512_loadu_ps(p[b]->mn.data() + j * 16);
+      for (int r = 0; r < R; r++) acc[r][b] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(xm[(m0 + r) * xs + j]), acc[r][b]);
+    }
+  for (int r = 0; r < R; r++)
+    for (int b = 0; b < NB; b++) {
+      __m512 v = acc[r][b];
+      if (c.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(c.bias + n0 + 16 * b));
+      _mm512_storeu_ps(y + (m0 + r) * c.N + n0 + 16 * b, v);
+    }
+}
+
+template <int QT, int NB>
+VNNI_FN void prompt_rows(const Call& c, const Packed* const* p, const int8_t* xq, const float* dx, const float* xm,
+                         int64_t S, int64_t xs, int64_t n0, float* y) {
+  int64_t m = 0;
+  for (; m + 6 <= c.M; m += 6) prompt_tile<QT, 6, NB>(c, p, xq, dx, xm, S, xs, m, n0, y);
+  switch (c.M - m) {
+    case 5: prompt_tile<QT, 5, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 4: prompt_tile<QT, 4, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 3: prompt_tile<QT, 3, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 2: prompt_tile<QT, 2, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 1: prompt_tile<QT, 1, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+  }
+}
+
+template <int QT>
+VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, const float* xm, int64_t S, int64_t xs,
+                           float* y) {
+  constexpr int SLOT = QT == Q6_K ? 16 : 32;
+  at::parallel_for(0, c.N / 16, 2, [&](int64_t b0, int64_t b1) {
+    Packed p0(c.K, SLOT), p1(c.K, SLOT);
+    const Packed* two[2] = {&p0, &p1};
+    int64_t b = b0;
+    for (; b + 2 <= b1; b += 2) {
+      pack16<QT>(c, 16 * b, p0);
+      pack16<QT>(c, 16 * (b + 1), p1);
+      prompt_rows<QT, 2>(c, two, xq, dx, xm, S, xs, 16 * b, y);
+    }
+    if (b < b1) {
+      pack16<QT>(c, 16 * b, p0);
+      prompt_rows<QT, 1>(c, two, xq, dx, xm, S, xs, 16 * b, y);
+    }
+  });
+}
+#endif  // QMM_X86
+
+// A prompt's product, Q4_K / Q6_K on AVX-512 VNNI (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
+torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
+                        c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K only");
+  TORCH_CHECK(best_path() == AVX512VNNI, "qmatmul.mm_prompt: needs AVX-512 VNNI");
+  TORCH_CHECK(N % 16 == 0, "qmatmul.mm_prompt: N must be a multiple of 16");
+  const Format f = format_of(qtype);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K && K % 256 == 0, "qmatmul.mm_prompt: x must be [..., K], K % 256 = 0");
+  const int64_t row_bytes = K / f.G * f.block_bytes;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes, "qmatmul.mm_prompt: w");
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = N;
+  x = x.reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0);
+  auto out = torch::empty(shape, x.options().dtype(at::kFloat));
+  torch::Tensor b;
+  if (bias && bias->defined()) b = bias->to(at::kFloat).contiguous();
+  std::vector<int8_t> xq8(M * K);
+  std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
+  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, nullptr, xq8.data(), nullptr, nullptr,
+         dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>()};
+  if (x.scalar_type() == at::kFloat)
+    quantize_rows<float>(x.data_ptr<float>(), c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
+  else
+    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr,
+                                 dx.data(), xsd.data());
+#if QMM_X86
+  if (qtype == Q6_K) {  // x + 128 as unsigned bytes (the sign bit flipped); the offset per group: dx
+    at::parallel_for(0, M * K, 1 << 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; i++) xq8[i] = (int8_t)((uint8_t)xq8[i] ^ 0x80);
+    });
+    prompt_avx512<Q6_K>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, out.data_ptr<float>());
+  } else if (qtype == Q5_K) {
+    prompt_avx512<Q5_K>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), out.data_ptr<float>());
+  } else {
+    prompt_avx512<Q4_K>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), out.data_ptr<float>());
+  }
+#endif
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
 std::string backend() { return path_name(best_path()); }
 
 }  // namespace
@@ -1315,6 +1505,7 @@ std::string backend() { return path_name(best_path()); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
   m.def("dequantize", &dequantize, "the weights as the file means them, into out [N, K] fp32 or bf16");
+  m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q6_K, AVX-512 VNNI)");
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
 }

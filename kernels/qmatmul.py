@@ -88,6 +88,24 @@ def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | 
     return out
 
 
+PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants
+
+
+def prompt_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A prompt's product x [..., K] (fp32 or bf16) · Wᵀ (+ bias) -> [..., N] in x's dtype, by qmatmul.cpp's int8
+    prompt kernel (mm_prompt: x quantized as gguf_mm quantizes it), or None where that does not run: another type,
+    N not a multiple of 16, no AVX-512 VNNI, no build, or SPECDEC_QMATMUL naming a path."""
+    if gb.type_name(qtype) not in PROMPT_TYPES or N % 16 or x.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if _forced() != "auto":
+        return None
+    ext = extension()
+    if ext is None or ext.best_path() != PATHS["avx512"]:
+        return None
+    return ext.mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The twin: qmatmul.cpp's arithmetic in torch ops (see its top), for machines where it does not build, and tests.
 

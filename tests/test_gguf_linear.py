@@ -40,6 +40,12 @@ def test_gguf_linear_is_the_blocks_product():
         assert torch.allclose(layer(long).float(), dense, rtol=2e-2, atol=2e-2)
     finally:
         gguf_linear.PREFILL_TILE = saved
+    # N a multiple of 16: the prompt kernel where it runs (AVX-512 VNNI), else the same dense product
+    wide = GgufLinear(blocks[:64], "Q4_K", K, 64, bias[:64])
+    prompt = qmatmul.prompt_mm(long, blocks[:64], "q4_k", 64, K, bias[:64])
+    if prompt is not None:
+        assert torch.equal(wide(long), prompt)
+    assert torch.allclose(wide(long).float(), dense[..., :64], rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="must be uint8"):
         GgufLinear(blocks[:, :-1], "q4_k", K, N)
 

@@ -17,7 +17,7 @@ from specdec_cli.kernels import cpp, qmatmul
 from specdec_cli.kernels import gguf_blocks as gb
 
 TYPES = list(gb.TYPES)
-ROWS = (1, 2, 5, 8, 9, 16, 33)  # K-quants: in registers up to 16 rows (Q6_K 8), Q6_K's 9–16 an L1 buffer, more a tile
+ROWS = (1, 2, 5, 8, 9, 16, 33)  # K-quants: in registers up to 16 rows (tiles of ≤ 12, Q6_K 8), more an L1 buffer
 
 
 def shape(name):
@@ -175,3 +175,54 @@ def test_dequantize_into_fp32_and_bf16(name):
         buf = torch.full((N, K), float("nan"), dtype=torch.bfloat16)
         assert qmatmul.dequantize(blocks, name, N, K, out=buf, path=path) is buf
         assert torch.equal(buf, want.to(torch.bfloat16)), path
+
+
+def _prompt_kernel_here() -> bool:
+    ext = qmatmul.extension()
+    return ext is not None and ext.best_path() == qmatmul.PATHS["avx512"]
+
+
+@pytest.mark.parametrize("name", qmatmul.PROMPT_TYPES)
+def test_the_prompt_kernel_is_the_quantized_product(name):
+    """mm_prompt (a prompt's rows) quantizes x as mm does and differs from it only in its fp32 operations: against
+    the product of the quantized x (the twin's quantize_rows, the same values) and the file's weights in fp64, within
+    those operations' rounding: per output, one rounding each for a slot's scale, the slots' sum over a group, the
+    groups' sum, the minimums' (Q6_K: a group's offset), the bias, 2⁻²³ each (twice the unit) on the magnitude of
+    every term: (|x_q| + 128)·dx (Q6_K's x + 128) times |w| + 2·|dmin·m| (a quant's own part is within |w| + |dmin·m|)."""
+    if not _prompt_kernel_here():
+        pytest.skip("the prompt kernel runs on AVX-512 VNNI only (elsewhere a prompt is a bf16 product)")
+    N, K = 48, 768  # two blocks of 16 outputs and one alone; 3 groups
+    blocks = gb.random_blocks(name, N, K, seed=8)
+    bias = torch.randn(N)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(37, K, generator=g)  # six tiles of 6 rows and one row
+    x[:, 9] *= 40
+    xq, dx, _ = qmatmul.quantize_rows(x, 256)
+    dxk = dx.double().repeat_interleave(256, 1)
+    w = gb.dequantize(name, blocks, N, K).double()
+    want = (xq.double() * dxk) @ w.T + bias.double()
+    mins = torch.zeros_like(w)
+    if name != "q6_k":  # d = 0 leaves −dmin·m
+        no_d = blocks.clone().reshape(N, K // 256, -1)
+        no_d[..., 0:2] = 0
+        mins = gb.dequantize(name, no_d.reshape(N, -1), N, K).double().abs()
+    slots, per = (16, K // 256) if name == "q6_k" else (8, K // 32)
+    ops = slots + K // 256 + per + 2
+    tol = ops * 2.0**-23 * (((xq.double().abs() + 128) * dxk) @ (w.abs() + 2 * mins).T + bias.double().abs())
+    got = qmatmul.prompt_mm(x, blocks, name, N, K, bias)
+    assert got.dtype == torch.float32 and got.shape == (37, N)
+    assert ((got.double() - want).abs() <= tol).all(), ((got.double() - want).abs() / tol).max()
+    # bf16 in and out: the same product of x's bf16 values, rounded once more to bf16
+    xb = x.to(torch.bfloat16)
+    got = qmatmul.prompt_mm(xb[None], blocks, name, N, K, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, 37, N)
+    assert torch.equal(got[0], qmatmul.prompt_mm(xb.float(), blocks, name, N, K, bias).to(torch.bfloat16))
+
+
+def test_the_prompt_kernel_runs_only_where_it_can():
+    blocks = gb.random_blocks("q4_k", 40, 256, seed=9)
+    x = torch.randn(30, 256)
+    assert qmatmul.prompt_mm(x, blocks, "q4_k", 40, 256) is None  # N not a multiple of 16
+    assert qmatmul.prompt_mm(x, gb.random_blocks("q8_0", 32, 256), "q8_0", 32, 256) is None
+    if _prompt_kernel_here():
+        assert qmatmul.prompt_mm(x, blocks[:32], "q4_k", 32, 256) is not None

@@ -1,6 +1,8 @@
 """GGUF weights run as they are: a causal LM whose linear layers multiply the file's own blocks (Q4_K, Q5_K, Q6_K,
 Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
-A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) multiplies the same weights dequantized to x's dtype.
+A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
+runs (the K-quants on AVX-512 VNNI: activations quantized as the steps quantize them), else multiplies the same
+weights dequantized to x's dtype.
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     attach_gguf_blocks  replace a loaded model's nn.Linear layers by GgufLinear on the GGUF file's tensors
@@ -26,8 +28,8 @@ from specdec_cli import internals, options
 from specdec_cli.kernels import gguf_blocks, qmatmul
 
 # A call over more tokens than a verification pass scores (γ + 1 ≤ this) is a prompt's prefill: every mode prefills
-# alike, so it may compute otherwise than steps do, and runs as a dense product of the dequantized weights in x's
-# dtype (oneDNN's bf16 GEMM is ~3× the blocks kernel on hundreds of rows).
+# alike, so it may compute otherwise than steps do: qmatmul.prompt_mm (1.2–1.4× oneDNN's bf16 GEMM on 500 rows), else
+# a dense product of the dequantized weights in x's dtype (oneDNN's bf16 GEMM is ~3× the step kernel on 500 rows).
 PREFILL_TOKENS = options.MAX_GAMMA + 1
 PREFILL_TILE = 2048  # weight rows dequantized at a time (a few MB, reused: no page faults, in cache for the GEMM)
 
@@ -72,7 +74,11 @@ class GgufLinear(nn.Module):
         return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
 
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
-        """x · Wᵀ + b as a dense product in x's dtype, PREFILL_TILE output rows at a time."""
+        """x · Wᵀ + b by the prompt kernel, else as a dense product in x's dtype, PREFILL_TILE output rows at a
+        time."""
+        y = qmatmul.prompt_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
+        if y is not None:
+            return y
         out = []
         into = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32  # what dequantize writes
         for n0 in range(0, self.out_features, PREFILL_TILE):
