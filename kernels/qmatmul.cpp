@@ -1313,18 +1313,19 @@ void dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K, torch::Ten
 // ---------------------------------------------------------------------------------------------------------------
 // A prompt's product (many rows; the K-quants on AVX-512 VNNI): y = x · Wᵀ with x quantized as mm quantizes it
 // (int8 per 256, the kernel order), and a zmm's 16 lanes 16 outputs: the quants of 16 weight rows interleaved 4 at a
-// time, [K / 4][16][4] (unsigned), times 4 bytes of a row of x broadcast (vpdpbusd: 64 products an instruction,
-// exact), a slot's int32 sums (32 positions, Q6_K 16) then times the slot's scale in fp32, a group's times dx; the
-// minimums (Q6_K: its offset 32) after the groups. Twice the products an instruction of mm's pairs (vpmaddubsw,
+// time, [K / 4][16][4], times 4 bytes of a row of x broadcast (vpdpbusd: 64 products an instruction, exact; the
+// quants unsigned, Q6_K's q − 32 signed and x + 128 unsigned), a slot's int32 sums (32 positions, Q6_K 16) then
+// times the slot's scale in fp32, a group's times dx; the minimums (Q6_K: the 128 of x + 128, a group's) after the
+// groups. Twice the products an instruction of mm's pairs (vpmaddubsw,
 // vpdpwssd), which suit a few rows but not hundreds. Its float order is not mm's: a prompt's rows go through it
 // alone, and every mode prefills the same way.
 
 struct Packed {  // weight rows n0 .. n0 + 16 of a call
-  std::vector<uint8_t> q;   // [K / 4][16][4]
+  std::vector<uint8_t> q;   // [K / 4][16][4]: 4 quants of each row in turn (Q6_K: q − 32, signed)
   std::vector<float> s;     // [slots][16]: the scale of slot j (Q4_K: d·sc_SB[j mod 8], 32 positions; Q6_K: d·sc_j, 16)
   std::vector<float> mn;    // Q4_K, Q5_K: [K / 32][16] dmin·m_j; Q6_K: [K / 256][16] (pack16); taken away
   std::vector<uint8_t> rows;  // [16][K]: the rows' quants before interleaving
-  Packed(int64_t K, int slot) : q(K * 16), s(K / slot * 16), mn(K / slot * 16), rows(16 * K) {}
+  Packed(int64_t K, int slot) : q(K * 16), s(K / slot * 16), mn(K / 32 * 16), rows(16 * K) {}
 };
 
 template <int QT>
@@ -1364,7 +1365,7 @@ VNNI_FN void pack16(const Call& c, int64_t n0, Packed& p) {
   }
   const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                          _mm512_set1_epi32((int)c.K));
-  for (int64_t k4 = 0; k4 < c.K / 4; k4++)
+  for (int64_t k4 = 0; k4 < c.K / 4; k4++)  // the 16 rows' 4 bytes at k4: one gather
     _mm512_storeu_si512(p.q.data() + k4 * 64, _mm512_i32gather_epi32(idx, p.rows.data() + 4 * k4, 1));
 }
 
