@@ -1369,10 +1369,10 @@ VNNI_FN void pack16(const Call& c, int64_t n0, Packed& p) {
     _mm512_storeu_si512(p.q.data() + k4 * 64, _mm512_i32gather_epi32(idx, p.rows.data() + 4 * k4, 1));
 }
 
-// R rows × NB blocks of 16 outputs
-template <int QT, int R, int NB>
+// R rows × NB blocks of 16 outputs, into y [M, N] fp32 (O = float) or bf16 (O = uint16_t, rounded as torch rounds)
+template <int QT, int R, int NB, typename O>
 VNNI_FN void prompt_tile(const Call& c, const Packed* const* p, const int8_t* xq, const float* dx, const float* xm,
-                         int64_t S, int64_t xs, int64_t m0, int64_t n0, float* y) {
+                         int64_t S, int64_t xs, int64_t m0, int64_t n0, O* y) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32, SLOTS = 256 / SLOT;
   const int64_t groups = c.K / 256;
   __m512 acc[R][NB];  // in memory: touched once a group (the registers hold ia and gacc)
@@ -1419,27 +1419,28 @@ VNNI_FN void prompt_tile(const Call& c, const Packed* const* p, const int8_t* xq
     for (int b = 0; b < NB; b++) {
       __m512 v = acc[r][b];
       if (c.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(c.bias + n0 + 16 * b));
-      _mm512_storeu_ps(y + (m0 + r) * c.N + n0 + 16 * b, v);
+      if constexpr (std::is_same_v<O, float>) _mm512_storeu_ps(y + (m0 + r) * c.N + n0 + 16 * b, v);
+      else _mm256_storeu_si256((__m256i*)(y + (m0 + r) * c.N + n0 + 16 * b), bf16_rne(v));
     }
 }
 
-template <int QT, int NB>
+template <int QT, int NB, typename O>
 VNNI_FN void prompt_rows(const Call& c, const Packed* const* p, const int8_t* xq, const float* dx, const float* xm,
-                         int64_t S, int64_t xs, int64_t n0, float* y) {
+                         int64_t S, int64_t xs, int64_t n0, O* y) {
   int64_t m = 0;
-  for (; m + 6 <= c.M; m += 6) prompt_tile<QT, 6, NB>(c, p, xq, dx, xm, S, xs, m, n0, y);
+  for (; m + 6 <= c.M; m += 6) prompt_tile<QT, 6, NB, O>(c, p, xq, dx, xm, S, xs, m, n0, y);
   switch (c.M - m) {
-    case 5: prompt_tile<QT, 5, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
-    case 4: prompt_tile<QT, 4, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
-    case 3: prompt_tile<QT, 3, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
-    case 2: prompt_tile<QT, 2, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
-    case 1: prompt_tile<QT, 1, NB>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 5: prompt_tile<QT, 5, NB, O>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 4: prompt_tile<QT, 4, NB, O>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 3: prompt_tile<QT, 3, NB, O>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 2: prompt_tile<QT, 2, NB, O>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
+    case 1: prompt_tile<QT, 1, NB, O>(c, p, xq, dx, xm, S, xs, m, n0, y); break;
   }
 }
 
-template <int QT>
+template <int QT, typename O>
 VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, const float* xm, int64_t S, int64_t xs,
-                           float* y) {
+                           O* y) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32;
   at::parallel_for(0, c.N / 16, 2, [&](int64_t b0, int64_t b1) {
     Packed p0(c.K, SLOT), p1(c.K, SLOT);
@@ -1448,11 +1449,11 @@ VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, con
     for (; b + 2 <= b1; b += 2) {
       pack16<QT>(c, 16 * b, p0);
       pack16<QT>(c, 16 * (b + 1), p1);
-      prompt_rows<QT, 2>(c, two, xq, dx, xm, S, xs, 16 * b, y);
+      prompt_rows<QT, 2, O>(c, two, xq, dx, xm, S, xs, 16 * b, y);
     }
     if (b < b1) {
       pack16<QT>(c, 16 * b, p0);
-      prompt_rows<QT, 1>(c, two, xq, dx, xm, S, xs, 16 * b, y);
+      prompt_rows<QT, 1, O>(c, two, xq, dx, xm, S, xs, 16 * b, y);
     }
   });
 }
@@ -1472,31 +1473,36 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
   shape.back() = N;
   x = x.reshape({-1, K}).contiguous();
   const int64_t M = x.size(0);
-  auto out = torch::empty(shape, x.options().dtype(at::kFloat));
+  auto out = torch::empty(shape, x.options());  // written in x's dtype by the tiles
   torch::Tensor b;
   if (bias && bias->defined()) b = bias->to(at::kFloat).contiguous();
   std::vector<int8_t> xq8(M * K);
   std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
   Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, nullptr, xq8.data(), nullptr, nullptr,
-         dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>()};
+         dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr, nullptr};
   if (x.scalar_type() == at::kFloat)
     quantize_rows<float>(x.data_ptr<float>(), c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
   else
     quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr,
                                  dx.data(), xsd.data());
 #if QMM_X86
-  if (qtype == Q6_K) {  // x + 128 as unsigned bytes (the sign bit flipped); the offset per group: dx
-    at::parallel_for(0, M * K, 1 << 16, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; i++) xq8[i] = (int8_t)((uint8_t)xq8[i] ^ 0x80);
-    });
-    prompt_avx512<Q6_K>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, out.data_ptr<float>());
-  } else if (qtype == Q5_K) {
-    prompt_avx512<Q5_K>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), out.data_ptr<float>());
-  } else {
-    prompt_avx512<Q4_K>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), out.data_ptr<float>());
-  }
+  auto run = [&](auto* y) {
+    using O = std::remove_pointer_t<decltype(y)>;
+    if (qtype == Q6_K) {  // x + 128 as unsigned bytes (the sign bit flipped); the offset per group: dx
+      at::parallel_for(0, M * K, 1 << 16, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) xq8[i] = (int8_t)((uint8_t)xq8[i] ^ 0x80);
+      });
+      prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
+    } else if (qtype == Q5_K) {
+      prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+    } else {
+      prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+    }
+  };
+  if (x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  else run((uint16_t*)out.data_ptr<c10::BFloat16>());
 #endif
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  return out;
 }
 
 std::string backend() { return path_name(best_path()); }
