@@ -1181,10 +1181,10 @@ int best_path() {
 }
 
 // Every row's activations (see the top) into the buffers c reads: G = 32 into xq, the K-quants into xq8 (and x32
-// for Q6_K), and dx, xsd
+// for Q6_K, or xu on AVX-512: it may be xq8 itself, each chunk flipped after it is written), and dx, xsd
 template <typename T>
-void quantize_rows(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8, int16_t* x32, uint8_t* xu, float* dx,
-                   float* xsd) {
+void quantize_rows_t(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8, int16_t* x32, uint8_t* xu,
+                     float* dx, float* xsd) {
   const int64_t K = c.K, G = c.f.G;
   at::parallel_for(0, c.M, 4, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
@@ -1208,30 +1208,53 @@ void quantize_rows(const T* x, const Call& c, int path, int16_t* xq, int8_t* xq8
   });
 }
 
+// quantize_rows_t for x [M, K] fp32 or bf16
+void quantize_rows(const torch::Tensor& x, const Call& c, int path, int16_t* xq, int8_t* xq8, int16_t* x32, uint8_t* xu,
+                   float* dx, float* xsd) {
+  if (x.scalar_type() == at::kFloat) quantize_rows_t<float>(x.data_ptr<float>(), c, path, xq, xq8, x32, xu, dx, xsd);
+  else quantize_rows_t<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, path, xq, xq8, x32, xu, dx, xsd);
+}
+
+// What mm and mm_prompt check and prepare alike: x as [M, K] (contiguous, fp32 or bf16), the output's shape [..., N],
+// the bias in fp32 (or undefined)
+struct Operands {
+  Format f;
+  int64_t row_bytes, M;
+  torch::Tensor x, bias;
+  std::vector<int64_t> shape;
+};
+
+Operands operands(const char* who, torch::Tensor x, const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K,
+                  const c10::optional<torch::Tensor>& bias) {
+  Operands o{format_of(qtype), 0, 0, {}, {}, {}};
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, who, ": x must be [..., K]");
+  TORCH_CHECK(K % o.f.G == 0, who, ": K = ", K, " is not a multiple of ", o.f.G);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, who, ": x must be fp32 or bf16");
+  o.row_bytes = K / o.f.G * o.f.block_bytes;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * o.row_bytes,
+              who, ": w must hold N · ", o.row_bytes, " contiguous bytes");
+  o.shape = x.sizes().vec();
+  o.shape.back() = N;
+  o.x = x.reshape({-1, K}).contiguous();
+  o.M = o.x.size(0);
+  if (bias && bias->defined()) {
+    o.bias = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(o.bias.numel() == N, who, ": bias must be [N]");
+  }
+  return o;
+}
+
 // y = x · Wᵀ (+ bias). x [..., K] fp32 or bf16 (M rows); w [N, row_bytes] uint8 (the file's blocks, row after
 // row); bias [N] fp32 or undefined; path 0 = the best this CPU has. -> [..., N] in x's dtype.
 torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                  c10::optional<torch::Tensor> bias, int64_t path) {
-  const Format f = format_of(qtype);
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "qmatmul: x must be [..., K]");
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = N;
-  TORCH_CHECK(K % f.G == 0, "qmatmul: K = ", K, " is not a multiple of ", f.G);
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "qmatmul: x must be fp32 or bf16");
-  const int64_t row_bytes = K / f.G * f.block_bytes;
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
-              "qmatmul: w must hold N · ", row_bytes, " contiguous bytes");
+  const Operands o = operands("qmatmul", x, w, qtype, N, K, bias);
+  const Format f = o.f;
+  const int64_t M = o.M;
   if (path == AUTO) path = best_path();
   TORCH_CHECK(path >= PORTABLE && path <= best_path(), "qmatmul: path ", path, " does not run on this CPU");
-  x = x.reshape({-1, K}).contiguous();
-  const int64_t M = x.size(0);
-  auto out = torch::empty(shape, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out.to(x.scalar_type());
-  torch::Tensor b;
-  if (bias && bias->defined()) {
-    b = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(b.numel() == N, "qmatmul: bias must be [N]");
-  }
+  auto out = torch::empty(o.shape, o.x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return out.to(o.x.scalar_type());
   const bool k8 = f.G == 256;
   const bool q6_wide = qtype == Q6_K && path == AVX512VNNI;  // xu, else x32 (see Call)
   std::vector<int16_t> xq(k8 ? 0 : M * K), x32(qtype == Q6_K && !q6_wide ? M * K / 2 : 0);
@@ -1241,14 +1264,10 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   std::vector<float> xsd(M * s16(K));
   int16_t* x32p = x32.empty() ? nullptr : x32.data();
   uint8_t* xup = xu.empty() ? nullptr : xu.data();
-  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, xq.data(), xq8.data(),
-         x32p, xup, dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr,
+  Call c{w.data_ptr<uint8_t>(), N, K, M, o.row_bytes, s16(K), (int)qtype, f, xq.data(), xq8.data(),
+         x32p, xup, dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
          out.data_ptr<float>()};
-  if (x.scalar_type() == at::kFloat)
-    quantize_rows<float>(x.data_ptr<float>(), c, (int)path, xq.data(), xq8.data(), x32p, xup, dx.data(), xsd.data());
-  else
-    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, (int)path, xq.data(), xq8.data(), x32p, xup,
-                                 dx.data(), xsd.data());
+  quantize_rows(o.x, c, (int)path, xq.data(), xq8.data(), x32p, xup, dx.data(), xsd.data());
   const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t a = n0; a < n1; a += NB) {
@@ -1260,7 +1279,7 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
       tile_portable(c, a, e);
     }
   });
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  return o.x.scalar_type() == at::kFloat ? out : out.to(o.x.scalar_type());
 }
 
 // The weights as the file means them, into out [N, K] fp32 or bf16 (for a prompt's prefill: GgufLinear). Exact
@@ -1465,33 +1484,20 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
   TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K only");
   TORCH_CHECK(best_path() == AVX512VNNI, "qmatmul.mm_prompt: needs AVX-512 VNNI");
   TORCH_CHECK(N % 16 == 0, "qmatmul.mm_prompt: N must be a multiple of 16");
-  const Format f = format_of(qtype);
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K && K % 256 == 0, "qmatmul.mm_prompt: x must be [..., K], K % 256 = 0");
-  const int64_t row_bytes = K / f.G * f.block_bytes;
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes, "qmatmul.mm_prompt: w");
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = N;
-  x = x.reshape({-1, K}).contiguous();
-  const int64_t M = x.size(0);
-  auto out = torch::empty(shape, x.options());  // written in x's dtype by the tiles
-  torch::Tensor b;
-  if (bias && bias->defined()) b = bias->to(at::kFloat).contiguous();
+  const Operands o = operands("qmatmul.mm_prompt", x, w, qtype, N, K, bias);
+  const int64_t M = o.M;
+  auto out = torch::empty(o.shape, o.x.options());  // written in x's dtype by the tiles
   std::vector<int8_t> xq8(M * K);
   std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
-  Call c{w.data_ptr<uint8_t>(), N, K, M, row_bytes, s16(K), (int)qtype, f, nullptr, xq8.data(), nullptr, nullptr,
-         dx.data(), xsd.data(), b.defined() ? b.data_ptr<float>() : nullptr, nullptr};
-  if (x.scalar_type() == at::kFloat)
-    quantize_rows<float>(x.data_ptr<float>(), c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
-  else
-    quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr,
-                                 dx.data(), xsd.data());
+  Call c{w.data_ptr<uint8_t>(), N, K, M, o.row_bytes, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr,
+         dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr};
+  // Q6_K: x + 128 as unsigned bytes (mm's xu), in place of xq8
+  quantize_rows(o.x, c, AVX512VNNI, nullptr, xq8.data(), nullptr, qtype == Q6_K ? (uint8_t*)xq8.data() : nullptr,
+                dx.data(), xsd.data());
 #if QMM_X86
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
-    if (qtype == Q6_K) {  // x + 128 as unsigned bytes (the sign bit flipped); the offset per group: dx
-      at::parallel_for(0, M * K, 1 << 16, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; i++) xq8[i] = (int8_t)((uint8_t)xq8[i] ^ 0x80);
-      });
+    if (qtype == Q6_K) {  // the offset per group: dx
       prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
     } else if (qtype == Q5_K) {
       prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
@@ -1499,7 +1505,7 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
       prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
     }
   };
-  if (x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
   else run((uint16_t*)out.data_ptr<c10::BFloat16>());
 #endif
   return out;

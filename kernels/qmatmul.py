@@ -63,15 +63,12 @@ def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: 
     blocks: [N, row_bytes] uint8, the tensor's bytes as in the file. path: 'portable', 'avx2', 'avx512', 'torch'
     (default: SPECDEC_QMATMUL, else the best this CPU has)."""
     path = path or _forced()
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        return gguf_mm(x.float(), blocks, qtype, N, K, bias, path).to(x.dtype)
     ext = None if path == "torch" else extension()
-    if ext is not None and x.dtype in (torch.float32, torch.bfloat16):  # a step's call: nothing else in Python
+    if ext is not None:  # a step's call: nothing else in Python (the C++ takes [..., K], returns x's dtype)
         return ext.mm(x, blocks, gb.type_id(qtype), N, K, bias, PATHS.get(path, 0))
-    x2 = x.reshape(-1, K).float() if x.dtype not in (torch.float32, torch.bfloat16) else x.reshape(-1, K)
-    if ext is None:
-        y = twin_mm(x2, blocks, qtype, N, K, bias)
-    else:
-        y = ext.mm(x2, blocks, gb.type_id(qtype), N, K, bias, PATHS.get(path, 0))
-    return y.to(x.dtype).reshape(*x.shape[:-1], N)
+    return twin_mm(x.reshape(-1, K), blocks, qtype, N, K, bias).to(x.dtype).reshape(*x.shape[:-1], N)
 
 
 def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | None = None,
