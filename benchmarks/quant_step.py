@@ -5,7 +5,8 @@ tokens (k = 1: a decoding step; k > 1: a verification pass), then drops them aga
 contenders (the start rotating), so a loaded machine loads them alike:
 
     blocks     specdec's target as summarize runs it by default (--target-quant gguf: its linears on the file's
-               blocks, decoding.exact_rows' attention by rows), all k rows' logits
+               blocks, driven as the decoding loop drives it: decoding.llama_like, attention by rows), all k rows'
+               logits
     bf16       the same with --target-quant none (the GGUF dequantized to bf16: specdec before issue 30)
     llama.cpp  llama-cpp-python on the same GGUF file, the same prompt tokens, n_threads = n_threads_batch = the
                threads here (its default: logits of the last row only)
@@ -26,10 +27,9 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from specdec_cli.bench.machine import cpu_model, load_average
-from specdec_cli.decoding.exact_rows import exact_rows
+from specdec_cli.decoding.llama_like import decoder_for
 from specdec_cli.kernels import qmatmul
 from specdec_cli.models.gguf_linear import GgufLinear
 from specdec_cli.options import SummarizeOptions
@@ -38,12 +38,13 @@ from specdec_cli.tasks import summarize as task
 KS = (1, 2, 5, 9)
 
 
-def torch_pass(model, cache, T: int, ids: torch.Tensor, k: int) -> float:
+def torch_pass(decoder, T: int, ids: torch.Tensor, k: int) -> float:
+    positions = torch.arange(T, T + k)[None]
     t0 = time.perf_counter()
     with torch.inference_mode():
-        model(ids[:, T:T + k], past_key_values=cache, use_cache=True)
+        decoder.forward(ids[:, T:T + k], None, positions)
     dt = time.perf_counter() - t0
-    cache.crop(-k)  # transformers 5: the count of tokens to remove
+    decoder.crop(T)
     return dt
 
 
@@ -107,11 +108,10 @@ def main(argv=None):
     for name in names:
         if name in ("blocks", "bf16"):
             loaded = target if name == "blocks" else task.load_pair(opts.replace(target_quant="none"), progress=False)[0]
-            model = exact_rows(loaded.model)
-            cache = DynamicCache()
+            decoder = decoder_for(loaded.model)
             with torch.inference_mode():
-                model(t[:, :T], past_key_values=cache, use_cache=True)
-            runners[name] = lambda k, m=model, c=cache: torch_pass(m, c, T, t, k)
+                decoder.prefill(t[:, :T], None, torch.arange(T)[None])
+            runners[name] = lambda k, d=decoder: torch_pass(d, T, t, k)
             sizes[name] = read_bytes(loaded.model)
         elif name == "llama.cpp":
             from llama_cpp import Llama

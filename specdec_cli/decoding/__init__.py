@@ -6,6 +6,8 @@ stats, sampling, and the verification registry.
     draft.py     Draft (the protocol every draft kind follows), Batch, DraftSettings, Proposal, ModelDraft
     adapters.py  Decoder, Seq2SeqDecoder: how a model with a KV cache enters the loop; where its layers are
     exact_rows.py a causal LM whose multi-token passes compute each row as its one-token steps do
+    llama_like.py LlamaLike: a Llama-shaped causal LM (Llama, Qwen2, Mistral) on a CPU without transformers' forward
+                  around its layers (same operations, same bits); decoder_for: how the loop drives a target
     schedule.py  the γ schedules: constant, heuristic, auto (γ from measured costs and acceptance)
     stats.py     GenerationStats, GenerationResult, merge_stats
     sampling.py  temperature, top-k, top-p; inverse-CDF sampling with caller-supplied uniforms

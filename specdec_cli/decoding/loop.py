@@ -25,7 +25,7 @@ from specdec_cli import options
 from specdec_cli.decoding import schedule as schedules
 from specdec_cli.decoding.adapters import Decoder
 from specdec_cli.decoding.draft import Draft, DraftSettings, Proposal, as_draft, fit_vocab
-from specdec_cli.decoding.exact_rows import exact_rows
+from specdec_cli.decoding.llama_like import decoder_for
 from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
 from specdec_cli.decoding.schedule import Round
 from specdec_cli.decoding.slots import Slots
@@ -165,7 +165,7 @@ def generate(
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
-    target: a transformers causal LM (run as exact_rows makes it: its passes compute each row as its steps do, so
+    target: a transformers causal LM (run as llama_like.decoder_for drives it: its passes compute each row as its steps do, so
     greedy output is its own generate()'s, in bf16 too) or a `Decoder`; draft: a `Draft` fitted to these rows (draft.py), or a
     transformers model or Decoder (as transformers' assistant_model; unused, may be None, for autoregressive).
     gamma_schedule: a name (options.GAMMA_SCHEDULES; γ is its start, or for auto its upper bound) or a
@@ -186,7 +186,7 @@ def generate(
     options.at_least("--max-new-tokens", max_new_tokens, 0)
     params = SamplingParams() if params is None else params
     eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or ())
-    target = target if isinstance(target, Decoder) else Decoder(exact_rows(target))  # steps and passes alike
+    target = target if isinstance(target, Decoder) else decoder_for(target)  # steps and passes alike
     if draft is not None and input_ids.shape[0] > 1 and _sliding(target, draft):
         return _row_by_row(target, draft, input_ids, attention_mask, schedule, mode=mode, gamma=gamma, params=params,
                            max_new_tokens=max_new_tokens, eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend,

@@ -5,6 +5,8 @@ runs (the K-quants on AVX-512 VNNI: activations quantized as the steps quantize 
 weights dequantized to x's dtype.
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
+    join                layers that read the same input (q, k, v; gate, up) laid side by side in one buffer, and the
+                        one GgufLinear over it (their `joint`): one call for all (decoding/llama_like.py)
     attach_gguf_blocks  replace a loaded model's nn.Linear layers by GgufLinear on the GGUF file's tensors
     load_gguf_causal_lm a causal LM spec (embedded, a .gguf file) loaded as today, then its linears on their blocks
 
@@ -54,6 +56,8 @@ class GgufLinear(nn.Module):
     (dequantized() gives them)."""
 
     rows_alike = True  # each row computes alike whatever the other rows (decoding/exact_rows.py keeps it as it is)
+    joint: GgufLinear | None = None  # the layer whose output rows joint_start.. are this one's (join)
+    joint_start = 0
 
     def __init__(self, blocks: torch.Tensor, qtype: str, in_features: int, out_features: int,
                  bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16):
@@ -100,6 +104,39 @@ class GgufLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qtype}, bias={self.bias is not None}"
 
 
+def join(parts: list[GgufLinear]) -> GgufLinear | None:
+    """One GgufLinear over the blocks of `parts` (one type and input size), which are moved into one buffer, each
+    part's `blocks` a view of its rows there (nothing kept twice) and its `joint` the new layer; None (nothing
+    moved) for parts of different types or sizes. A missing bias joins as zeros (y + 0 is y). Every output is
+    computed alone (kernels/qmatmul.cpp), so the joint layer's outputs are the parts' bit for bit."""
+    if len(parts) < 2 or len({(p.qtype, p.in_features, p.weight.dtype) for p in parts}) != 1:
+        return None
+    bias = None
+    if any(p.bias is not None for p in parts):
+        bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts])
+    joint = GgufLinear(torch.cat([p.blocks for p in parts]), parts[0].qtype, parts[0].in_features,
+                       sum(p.out_features for p in parts), bias, parts[0].weight.dtype)
+    start = 0
+    for p in parts:
+        p.blocks = joint.blocks[start : start + p.out_features]
+        # a plain attribute, not a submodule: the joint's blocks are the parts', counted once in the module tree
+        p.__dict__.update(joint=joint, joint_start=start)
+        start += p.out_features
+    return joint
+
+
+def _join_siblings(model: nn.Module) -> int:
+    """join() every module's q_proj, k_proj, v_proj (else q_proj, k_proj: a Q4_K_M file keeps some v in Q6_K) and
+    its gate_proj, up_proj where they are GgufLinear -> how many joint layers."""
+    joined = 0
+    for module in list(model.modules()):
+        for names in (("q_proj", "k_proj", "v_proj"), ("q_proj", "k_proj"), ("gate_proj", "up_proj")):
+            parts = [getattr(module, n, None) for n in names]
+            if all(isinstance(p, GgufLinear) and p.joint is None for p in parts) and join(parts) is not None:
+                joined += 1
+    return joined
+
+
 def _reverse_permute(rows: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama's q/k rows from GGUF's rotary order back to Hugging Face's (what transformers' GGUF loader does to the
     dequantized weight, done to whole rows of blocks)."""
@@ -143,6 +180,7 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> dict[str, int]:
         counts[layer.qtype] = counts.get(layer.qtype, 0) + 1
     if getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
+    _join_siblings(model)
     return counts
 
 

@@ -1,0 +1,120 @@
+"""decoding/llama_like.py: a Llama-shaped causal LM driven without transformers' forward gives transformers' logits bit
+for bit (GGUF blocks, bf16 weights, a padded batch, steps, passes, a prompt), and GGUF layers joined into one buffer
+(models/gguf_linear.join) give their parts' outputs bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import smollm2_cache
+from specdec_cli.decoding.adapters import Decoder
+from specdec_cli.decoding.exact_rows import exact_rows
+from specdec_cli.decoding.llama_like import LlamaLike, decoder_for
+from specdec_cli.kernels import gguf_blocks as gb
+from specdec_cli.models import gguf_linear
+from specdec_cli.models.gguf_linear import GgufLinear, join
+
+
+def _parts(qtypes, sizes, K=512, bias=True):
+    return [GgufLinear(gb.random_blocks(q, n, K, seed=i), q, K, n, torch.randn(n) if bias else None)
+            for i, (q, n) in enumerate(zip(qtypes, sizes, strict=True))]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_joined_layers_are_their_parts(bias):
+    parts = _parts(["q4_k"] * 3, [64, 16, 16], bias=bias)
+    if bias:
+        parts[1].bias = None  # a missing bias joins as zeros
+    xs = [torch.randn(1, t, 512, dtype=torch.bfloat16) for t in (1, 3, gguf_linear.PREFILL_TOKENS + 5)]
+    alone = [[p(x) for p in parts] for x in xs]
+    joint = join(parts)
+    assert joint is not None and joint.out_features == 96
+    base = joint.blocks.data_ptr()
+    for p in parts:  # each part's blocks a view of its rows in the joint buffer
+        assert p.joint is joint and base <= p.blocks.data_ptr() < base + joint.blocks.numel()
+    assert [p.joint_start for p in parts] == [0, 64, 80]
+    assert joint not in list(parts[0].modules())  # not a submodule: its bytes are counted once
+    for x, want in zip(xs, alone, strict=True):
+        got = joint(x).split([64, 16, 16], -1)
+        for g, w, p in zip(got, want, parts, strict=True):
+            assert torch.equal(g, w) and torch.equal(p(x), w)
+
+
+def test_layers_of_other_types_are_not_joined():
+    parts = _parts(["q4_k", "q6_k"], [32, 32])
+    before = [p.blocks for p in parts]
+    assert join(parts) is None
+    assert all(p.joint is None and p.blocks is b for p, b in zip(parts, before, strict=True))
+
+
+@pytest.fixture(scope="module")
+def smollm2_blocks(session_model_cache):
+    with smollm2_cache(session_model_cache):
+        return gguf_linear.load_gguf_causal_lm("embedded:smollm2", dtype=torch.bfloat16, progress=False)
+
+
+def _run(decoder, tokens, mask, positions, cut):
+    """Logits of a prompt tokens[:, :cut] (its last row), then of one step and of a pass over the rest."""
+    with torch.inference_mode():
+        m = None if mask is None else mask[:, :cut]
+        decoder.prefill(tokens[:, :cut], m, positions[:, :cut])
+        decoder.reset()
+        out = [decoder._call(tokens[:, :cut], m, positions[:, :cut], keep=1)]  # the prompt again, on a fresh cache
+        decoder.prefill(tokens[:, :cut], m, positions[:, :cut])
+        m = None if mask is None else mask[:, : cut + 1]
+        out.append(decoder.forward(tokens[:, cut : cut + 1], m, positions[:, cut : cut + 1]))
+        decoder.crop(cut)
+        out.append(decoder.forward(tokens[:, cut:], mask, positions[:, cut:]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["gguf", "bf16"])
+def test_llama_like_gives_transformers_logits_on_smollm2(weights, smollm2_blocks, smollm2):
+    loaded = smollm2_blocks if weights == "gguf" else smollm2
+    lean = decoder_for(loaded.model)
+    assert isinstance(lean, LlamaLike)
+    if weights == "gguf":
+        assert any(len(sizes or ()) == 2 for layer in lean.layers for _, sizes in layer[5].calls)  # gate, up joined
+    plain = Decoder(exact_rows(loaded.model))
+    texts = ["Bumblebees raise more queens near wildflower strips, a study of forty farms found, and",
+             "Three farms and"]
+    rows = [loaded.tokenizer(t)["input_ids"] for t in texts]
+    width = max(map(len, rows))
+    tokens = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])  # the second row padded on the left
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    for rows, cut in ((slice(0, 1), 12), (slice(0, 2), tokens.shape[1] - 6)):
+        m = None if bool(mask[rows].all()) else mask[rows]
+        want = _run(plain, tokens[rows], m, positions[rows], cut)
+        got = _run(lean, tokens[rows], m, positions[rows], cut)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_llama_like_drives_each_family_as_transformers(arch):
+    """A random model of each family in bf16: LlamaLike's logits are transformers' (exact_rows'); in fp32, where
+    exact_rows changes nothing, and with a sliding window, decoder_for keeps transformers' own forward."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from conftest import make_pair
+
+    if arch == "mistral":
+        torch.manual_seed(0)
+        config = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, initializer_range=0.3)
+        assert type(decoder_for(MistralForCausalLM(MistralConfig(**config, sliding_window=4)).bfloat16())) is Decoder
+        target = MistralForCausalLM(MistralConfig(**config, sliding_window=None)).eval()
+    else:
+        target, _ = make_pair(arch)
+    assert type(decoder_for(target)) is Decoder
+    target = target.to(torch.bfloat16)
+    lean = decoder_for(target)
+    assert isinstance(lean, LlamaLike)
+    tokens = torch.tensor([[3, 14, 15, 9, 26, 5, 33, 2, 40, 41, 7]])
+    positions = torch.arange(tokens.shape[1])[None]
+    for g, w in zip(_run(lean, tokens, None, positions, 6), _run(Decoder(exact_rows(target)), tokens, None, positions, 6),
+                    strict=True):
+        assert torch.equal(g, w)
