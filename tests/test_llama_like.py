@@ -118,3 +118,20 @@ def test_llama_like_drives_each_family_as_transformers(arch):
     for g, w in zip(_run(lean, tokens, None, positions, 6), _run(Decoder(exact_rows(target)), tokens, None, positions, 6),
                     strict=True):
         assert torch.equal(g, w)
+
+
+def test_a_bf16_draft_is_driven_by_llama_like():
+    """draft_decoder: LlamaLike for a bf16 draft (its one-query attention in fp32, not transformers' bf16 sdpa),
+    transformers' forward for an fp32 one; either way greedy speculative output is the target's alone."""
+    from conftest import PROMPT, make_pair
+    from specdec_cli.decoding import generate
+    from specdec_cli.decoding.llama_like import draft_decoder
+
+    target, draft = make_pair("qwen2")
+    assert type(draft_decoder(draft)) is Decoder
+    target, draft = target.to(torch.bfloat16), draft.to(torch.bfloat16)
+    assert isinstance(draft_decoder(draft), LlamaLike)
+    alone = generate(target, None, PROMPT, mode="autoregressive", max_new_tokens=24)
+    spec = generate(target, draft, PROMPT, mode="exact", gamma=4, gamma_schedule="constant", max_new_tokens=24)
+    assert spec.tokens == alone.tokens and len(alone.tokens[0]) == 24
+    assert spec.stats.target_calls < 24  # the draft's tokens were accepted: it drafts the target's continuation

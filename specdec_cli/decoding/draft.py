@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from specdec_cli.decoding.adapters import Decoder, LogitsHook
+from specdec_cli.decoding.llama_like import draft_decoder
 from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample_logits, uniforms
 from specdec_cli.decoding.slots import Slots
 
@@ -93,7 +94,7 @@ class ModelDraft:
         return () if self.decoder is None else (self.decoder,)
 
     def decoder_for(self, batch: Batch) -> Decoder:
-        return Decoder(self.model)
+        return draft_decoder(self.model)
 
     def fit(self, batch: Batch) -> ModelDraft:
         fitted = copy.copy(self)
@@ -146,7 +147,7 @@ def as_draft(draft: Any) -> Draft | None:
         return draft
     if isinstance(draft, Decoder):
         return ModelDraft(draft.model, draft)
-    return ModelDraft(draft, Decoder(draft))
+    return ModelDraft(draft, draft_decoder(draft))
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

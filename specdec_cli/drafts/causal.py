@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import torch
 
 from specdec_cli.decoding import Batch, Decoder, ModelDraft
+from specdec_cli.decoding.llama_like import draft_decoder
 from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.models import LoadedModel, load_compatible
@@ -38,7 +39,7 @@ class CausalDraft(ModelDraft):
             restrict_head(self.loaded.model, keep)
         if self.quantized:
             quantize_draft(self.loaded)
-        return Decoder(self.loaded.model)
+        return draft_decoder(self.loaded.model)
 
 
 def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOptions) -> CausalDraft:
