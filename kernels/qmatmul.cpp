@@ -354,8 +354,15 @@ struct Call {
   const float* dx;
   const float* xsd;   // [M, S16]
   const float* bias;  // [N] or null
-  float* y;           // [M, N] fp32
+  float* y;           // [M, N] fp32, or null: then
+  uint16_t* yb;       // [M, N] bf16, each output rounded as torch's .to(bfloat16) rounds it
 };
+
+// Output i of the call
+inline void put(const Call& c, int64_t i, float v) {
+  if (c.yb) c.yb[i] = c10::BFloat16(v).x;
+  else c.y[i] = v;
+}
 
 // A weight row's minimums per 32 elements, mm[S16] (zero past K / 32): dmin_g · m_j, or m_g. Exact.
 void row_mins(const Call& c, const uint8_t* row, float* mm) {
@@ -425,7 +432,7 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
       for (int64_t r = 0; r < mt; r++) {
         float mn[16] = {0.f};
         if (mins) min_lanes_portable(mm.data(), c.xsd + (m0 + r) * c.S16, c.S16, mn);
-        c.y[(m0 + r) * c.N + n] = finish(c, tree16(&acc[r * 16]), tree16(mn), n);
+        put(c, (m0 + r) * c.N + n, finish(c, tree16(&acc[r * 16]), tree16(mn), n));
       }
     }
   }
@@ -542,7 +549,7 @@ AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
       for (int64_t r = 0; r < mt; r++) {
         float mn[16] = {0.f};
         if (mins) min_lanes_portable(mm.data(), c.xsd + (m0 + r) * c.S16, c.S16, mn);
-        c.y[(m0 + r) * c.N + n] = finish(c, tree16(acc + r * 16), tree16(mn), n);
+        put(c, (m0 + r) * c.N + n, finish(c, tree16(acc + r * 16), tree16(mn), n));
       }
     }
   }
@@ -959,7 +966,7 @@ VNNI_FN void finish_rows(const Call& c, const RowBuf& rb, int64_t n, int64_t m0,
   for (int64_t m = m0; m < m1; m++) {
     float ymn = 0.f;
     if (c.f.kmin || c.f.lmin) ymn = tree16_avx512(min_lanes_avx512(rb.mm.data(), c.xsd + m * c.S16, c.S16));
-    c.y[m * c.N + n] = finish(c, tree16_avx512(_mm512_load_ps(acc + (m - m0) * 16)), ymn, n);
+    put(c, m * c.N + n, finish(c, tree16_avx512(_mm512_load_ps(acc + (m - m0) * 16)), ymn, n));
   }
 }
 
@@ -1253,8 +1260,9 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   const int64_t M = o.M;
   if (path == AUTO) path = best_path();
   TORCH_CHECK(path >= PORTABLE && path <= best_path(), "qmatmul: path ", path, " does not run on this CPU");
-  auto out = torch::empty(o.shape, o.x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out.to(o.x.scalar_type());
+  auto out = torch::empty(o.shape, o.x.options());  // x's dtype: bf16 written by put(), rounded as torch rounds
+  if (M == 0 || N == 0) return out;
+  const bool bf16 = o.x.scalar_type() == at::kBFloat16;
   const bool k8 = f.G == 256;
   const bool q6_wide = qtype == Q6_K && path == AVX512VNNI;  // xu, else x32 (see Call)
   std::vector<int16_t> xq(k8 ? 0 : M * K), x32(qtype == Q6_K && !q6_wide ? M * K / 2 : 0);
@@ -1266,7 +1274,7 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
   uint8_t* xup = xu.empty() ? nullptr : xu.data();
   Call c{w.data_ptr<uint8_t>(), N, K, M, o.row_bytes, s16(K), (int)qtype, f, xq.data(), xq8.data(),
          x32p, xup, dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
-         out.data_ptr<float>()};
+         bf16 ? nullptr : out.data_ptr<float>(), bf16 ? (uint16_t*)out.data_ptr<at::BFloat16>() : nullptr};
   quantize_rows(o.x, c, (int)path, xq.data(), xq8.data(), x32p, xup, dx.data(), xsd.data());
   const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
@@ -1279,7 +1287,7 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
       tile_portable(c, a, e);
     }
   });
-  return o.x.scalar_type() == at::kFloat ? out : out.to(o.x.scalar_type());
+  return out;
 }
 
 // The weights as the file means them, into out [N, K] fp32 or bf16 (for a prompt's prefill: GgufLinear). Exact
