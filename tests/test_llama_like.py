@@ -1,6 +1,7 @@
 """decoding/llama_like.py: a Llama-shaped causal LM driven without transformers' forward gives transformers' logits bit
-for bit (GGUF blocks, bf16 weights, a padded batch, steps, passes, a prompt), and GGUF layers joined into one buffer
-(models/gguf_linear.join) give their parts' outputs bit for bit."""
+for bit with the torch ops (GGUF blocks, bf16 weights, a padded batch, steps, passes, a prompt) — with the fused ones
+(kernels/layer_ops, tested against their twins in test_layer_ops.py) its passes still give each row a step's bits —
+and GGUF layers joined into one buffer (models/gguf_linear.join) give their parts' outputs bit for bit."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from specdec_cli.decoding.adapters import Decoder
 from specdec_cli.decoding.exact_rows import exact_rows
 from specdec_cli.decoding.llama_like import LlamaLike, decoder_for
 from specdec_cli.kernels import gguf_blocks as gb
+from specdec_cli.kernels import layer_ops
 from specdec_cli.models import gguf_linear
 from specdec_cli.models.gguf_linear import GgufLinear, join
 
@@ -71,7 +73,8 @@ def _run(decoder, tokens, mask, positions, cut):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["gguf", "bf16"])
-def test_llama_like_gives_transformers_logits_on_smollm2(weights, smollm2_blocks, smollm2):
+def test_llama_like_gives_transformers_logits_on_smollm2(weights, smollm2_blocks, smollm2, monkeypatch):
+    monkeypatch.setattr(layer_ops, "_fused", lambda *tensors: None)  # transformers' torch ops, not the fused ones
     loaded = smollm2_blocks if weights == "gguf" else smollm2
     lean = decoder_for(loaded.model)
     assert isinstance(lean, LlamaLike)
@@ -94,7 +97,7 @@ def test_llama_like_gives_transformers_logits_on_smollm2(weights, smollm2_blocks
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_llama_like_drives_each_family_as_transformers(arch):
+def test_llama_like_drives_each_family_as_transformers(arch, monkeypatch):
     """A random model of each family in bf16: LlamaLike's logits are transformers' (exact_rows'); in fp32, where
     exact_rows changes nothing, and with a sliding window, decoder_for keeps transformers' own forward."""
     from transformers import MistralConfig, MistralForCausalLM
@@ -111,6 +114,7 @@ def test_llama_like_drives_each_family_as_transformers(arch):
         target, _ = make_pair(arch)
     assert type(decoder_for(target)) is Decoder
     target = target.to(torch.bfloat16)
+    monkeypatch.setattr(layer_ops, "_fused", lambda *tensors: None)  # transformers' torch ops, not the fused ones
     lean = decoder_for(target)
     assert isinstance(lean, LlamaLike)
     tokens = torch.tensor([[3, 14, 15, 9, 26, 5, 33, 2, 40, 41, 7]])
@@ -118,6 +122,23 @@ def test_llama_like_drives_each_family_as_transformers(arch):
     for g, w in zip(_run(lean, tokens, None, positions, 6), _run(Decoder(exact_rows(target)), tokens, None, positions, 6),
                     strict=True):
         assert torch.equal(g, w)
+
+
+@pytest.mark.slow
+def test_with_the_fused_ops_a_pass_gives_the_bits_of_steps(smollm2_blocks):
+    lean = decoder_for(smollm2_blocks.model)
+    ids = torch.tensor([smollm2_blocks.tokenizer("Bumblebees raise more queens near wildflower strips, a study of "
+                                                 "forty farms across three summers found, and")["input_ids"]])
+    positions = torch.arange(ids.shape[1])[None]
+    for k in (2, 9, 17):
+        cut = ids.shape[1] - k
+        with torch.inference_mode():
+            lean.prefill(ids[:, :cut], None, positions[:, :cut])
+            steps = torch.cat([lean.forward(ids[:, t : t + 1], None, positions[:, t : t + 1])
+                               for t in range(cut, ids.shape[1])], 1)
+            lean.crop(cut)
+            passed = lean.forward(ids[:, cut:], None, positions[:, cut:])
+        assert torch.equal(steps, passed), k
 
 
 def test_a_bf16_draft_is_driven_by_llama_like():

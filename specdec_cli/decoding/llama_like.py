@@ -1,24 +1,27 @@
-"""A Llama-shaped causal LM driven without transformers' forward around its layers: the same modules and the same
-operations, in the same order and dtypes, minus what a step pays for besides them.
+"""A Llama-shaped causal LM driven without transformers' forward around its layers: its own modules and transformers'
+arithmetic, minus what a step pays for besides them.
 
     LlamaLike    Decoder for a causal LM of a family in FAMILIES on a CPU: embeddings, then per layer
                      h = x + o(attention(rope(q(n1(x))), rope(k(n1(x))), v(n1(x))))
                      x = h + down(act(gate(n2(h))) · up(n2(h)))
-                 then the final norm and the output layer over the rows kept; n1, n2 RMS norms (transformers'
-                 formula), rope from the model's own rotary module (every rope type it knows), attention
-                 exact_rows.fp32_by_rows (each row as a step computes it; a prompt through sdpa), K and V in a
-                 preallocated cache (no concatenation a step, a crop only moves the length).
+                 then the final norm and the output layer over the rows kept; n1, n2 RMS norms, rope from the
+                 model's own rotary module (every rope type it knows), attention exact_rows.fp32_by_rows (each row
+                 as a step computes it; a prompt through sdpa), K and V in a preallocated cache (no concatenation a
+                 step, a crop only moves the length).
     decoder_for  the Decoder the loop drives a target by: LlamaLike(exact_rows(model)) where it applies, else
                  Decoder(exact_rows(model)).
     draft_decoder  the same for a draft model, without exact_rows (a draft's rows need not compute alike).
 
 Why: transformers' forward costs a Qwen2.5-1.5B step on GGUF blocks ~5.5 ms besides its products (module calls,
-the cache's 56 concatenations, its masks, config lookups; AMD EPYC, 2 threads), a sixth of the step. Linear layers
-whose GGUF blocks lie side by side in one buffer (q, k, v; gate, up: models/gguf_linear.py joins them on load) are
-multiplied in one call, their outputs then split: each output is computed alone, so the bits are the same.
+the cache's 56 concatenations, its masks, config lookups, 8 torch ops a norm; AMD EPYC, 2 threads), a sixth of
+the step. Linear layers whose GGUF blocks lie side by side in one buffer (q, k, v; gate, up: models/gguf_linear.py
+joins them on load) are multiplied in one call, their outputs then split: each output is computed alone, so the
+bits are the same. In bf16 the residual adds, norms and rotary embedding run fused (kernels/layer_ops.py).
 
-A layer computes what transformers' computes, bit for bit: the same torch operations on the same tensors
-(tests/test_summarize.py checks logits against the model's own forward, and greedy output against its generate()).
+Its logits: transformers' bit for bit with the torch ops (where layer_ops does not run, and in
+tests/test_llama_like.py); with the fused ones the norms' sums of squares are added in an order of their own, so
+the logits are transformers' up to bf16 rounding. Either way each row of a pass gets a step's bits, so greedy
+speculative output is this model's autoregressive output.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from specdec_cli import internals
 from specdec_cli.decoding.adapters import Decoder
 from specdec_cli.decoding.exact_rows import exact_rows, fp32_by_rows, needs_rows
+from specdec_cli.kernels import layer_ops
 
 # config.model_type of the families whose decoder layer is the one above (no sliding window, no extra norms)
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -47,7 +51,8 @@ def applies(model) -> bool:
     layer = base.layers[0]
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     return all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")) and \
-        all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+        all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) and \
+        all(hasattr(norm, "variance_epsilon") for norm in (layer.input_layernorm, base.norm))
 
 
 def decoder_for(model) -> Decoder:
@@ -64,19 +69,6 @@ def draft_decoder(model) -> Decoder:
     500-token prompt: 31 -> 21 ms (AMD EPYC, 2 threads). Its logits are then not transformers' bits (fp32 attention),
     which a draft's need not be: only the target's decide the output."""
     return LlamaLike(model) if applies(model) and needs_rows(next(model.parameters())) else Decoder(model)
-
-
-def _rms(norm, x: torch.Tensor) -> torch.Tensor:
-    """transformers' RMS norm (Llama's, Qwen2's, Mistral's): x in fp32 over its root mean square, back to x's dtype,
-    times the weight."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class _Products:
@@ -120,6 +112,10 @@ class LlamaLike(Decoder):
             self.layers.append((layer.input_layernorm, a, _Products(a.q_proj, a.k_proj, a.v_proj), a.o_proj,
                                 layer.post_attention_layernorm, _Products(m.gate_proj, m.up_proj), m.act_fn,
                                 m.down_proj))
+        config = model.config
+        self.head_dim = base.layers[0].self_attn.head_dim
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.dtype = self.embed.weight.dtype
         self.keys: list[torch.Tensor] = []  # per layer [B, KV heads, slots, head_dim]
         self.values: list[torch.Tensor] = []
 
@@ -129,48 +125,45 @@ class LlamaLike(Decoder):
     def reset(self) -> None:
         self.keys, self.values, self.length = [], [], 0
 
-    def _store(self, i: int, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [B, KV heads, T, head_dim] into layer i's slots start..start+T (grown by doubling) -> the layer's
-        keys and values of slots 0..start+T (views)."""
-        end = start + k.shape[2]
-        if i == len(self.keys):
-            self.keys.append(k.new_empty(*k.shape[:2], max(64, 2 * end), k.shape[3]))
-            self.values.append(v.new_empty(*v.shape[:2], max(64, 2 * end), v.shape[3]))
-        elif end > self.keys[i].shape[2]:
-            more = max(end, 2 * self.keys[i].shape[2])
-            for cache in (self.keys, self.values):
-                grown = cache[i].new_empty(*cache[i].shape[:2], more, cache[i].shape[3])
-                grown[:, :, :start] = cache[i][:, :, :start]
-                cache[i] = grown
-        self.keys[i][:, :, start:end] = k
-        self.values[i][:, :, start:end] = v
-        return self.keys[i][:, :, :end], self.values[i][:, :, :end]
+    def _reserve(self, batch: int, end: int) -> None:
+        """Every layer's cache [B, KV heads, slots, head_dim] with room for slots 0 .. end (grown by doubling)."""
+        have = self.keys[0].shape[2] if self.keys else 0
+        if self.keys and end <= have:
+            return
+        shape = (batch, self.kv_heads, max(64, 2 * end), self.head_dim)
+        for cache in (self.keys, self.values):
+            grown = [torch.empty(shape, dtype=self.dtype) for _ in self.layers]
+            for old, new in zip(cache, grown, strict=False):
+                new[:, :, : self.length] = old[:, :, : self.length]
+            cache[:] = grown
 
     def _hidden(self, tokens, mask, positions) -> torch.Tensor:
-        """tokens, positions [B, T] at slots length..length+T (mask [B, length+T] bool or None) -> the last layer's
+        """tokens, positions [B, T] at slots length..length+T (mask [B, length+T] bool or None) -> the final norm's
         output [B, T, d]; their keys and values go into the cache."""
         B, T = tokens.shape
-        start, end = self.length, self.length + tokens.shape[1]
+        start, end = self.length, self.length + T
+        self._reserve(B, end)
         x = self.embed(tokens)  # [B, T, d]
-        cos, sin = (t.unsqueeze(1) for t in self.rotary(x, positions))  # [B, 1, T, head_dim]
+        cos, sin = self.rotary(x, positions)  # [B, T, head_dim] each
         shown = None
         if mask is not None and not bool(mask[:, :end].all()):
             slot = torch.arange(end, device=x.device)
             shown = (slot[None, :] <= slot[start:, None])[None, None] & mask[:, None, None, :end]  # [B, 1, T, end]
+        y = None  # what the last layer adds to x
         for i, (n1, attn, qkv, o, n2, gate_up, act, down) in enumerate(self.layers):
-            q, k, v = (t.view(B, T, -1, attn.head_dim).transpose(1, 2) for t in qkv(_rms(n1, x)))  # [B, heads, T, hd]
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
-            k, v = self._store(i, k, v, start)
-            a, _ = fp32_by_rows(attn, q, k, v, shown, dropout=0.0, scaling=attn.scaling)  # [B, T, heads, hd]
-            x = x + o(a.reshape(B, T, -1).contiguous())
-            g, u = gate_up(_rms(n2, x))
-            x = x + down(act(g) * u)
-        return x
+            x, h = layer_ops.add_rms(x, y, n1.weight, n1.variance_epsilon)
+            q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv(h))  # [B, T, heads, head_dim]
+            q = layer_ops.rope_store(q, k, v, cos, sin, self.keys[i], self.values[i], start)  # [B, heads, T, hd]
+            a, _ = fp32_by_rows(attn, q, self.keys[i][:, :, :end], self.values[i][:, :, :end], shown, dropout=0.0,
+                                scaling=attn.scaling)  # [B, T, heads, head_dim]
+            x, h = layer_ops.add_rms(x, o(a.reshape(B, T, -1)), n2.weight, n2.variance_epsilon)
+            g, u = gate_up(h)
+            y = down(act(g) * u)
+        return layer_ops.add_rms(x, y, self.norm.weight, self.norm.variance_epsilon)[1]
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
-        x = self._hidden(tokens, mask, positions)
-        return self.head(_rms(self.norm, x[:, -keep:] if keep else x))
+        h = self._hidden(tokens, mask, positions)
+        return self.head(h[:, -keep:].contiguous() if keep else h)  # dense rows: see Decoder._call
 
     def prefill(self, tokens, mask, positions) -> None:
         self.reset()
