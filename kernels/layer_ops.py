@@ -12,6 +12,7 @@ in the rotary embedding and cache writes (AMD EPYC, 2 threads).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ KERNEL = cpp.Extension("layer_ops", SOURCE, ["-O3", "-march=native", "-ffp-contr
                        "a layer's norms and rotary embedding run as torch ops")
 
 
-def _fused(*tensors: torch.Tensor) -> object | None:
+def _fused(*tensors: torch.Tensor) -> Any:
     """The built module where every tensor is a bf16 one on a CPU, else None."""
     if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
         return None
