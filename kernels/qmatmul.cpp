@@ -36,7 +36,8 @@
 // K-quants stay unsigned bytes (their 4–6 bits): a row costs one vpmaddubsw (u8 × s8 pairs, 64 products) and one
 // vpdpwssd (the pairs times their sub-block scale, into int32) per 64 weights, and a float step per group (Q6_K on
 // AVX-512: x + 128 as the unsigned side, q − 32 as the signed one, and 128 · Σ sc·(q − 32), the weights' alone, taken
-// away once per group and weight row, whatever the rows; the integers are the same). The others are widened to int16 and cost one vpdpwssd per 32 weights. The AVX-512 path unpacks 8 groups of 2 weight
+// away once per group and weight row, whatever the rows; the integers are the same). The others are widened to int16 and cost one vpdpwssd per 32 weights (calls of ≤ SMALL_ROWS rows: each group
+// unpacked in registers, two weight rows at a time, fused32). The AVX-512 path unpacks 8 groups of 2 weight
 // rows at a time (they stay in L1) and holds a 2 × 4 tile of accumulators (weight rows × rows) in registers.
 
 #include <torch/extension.h>
@@ -921,6 +922,82 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
     for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + m0 + i) * 16, acc[r][i]);
 }
 
+// G = 32: one group's integer weights (unpack_avx512's) in a register, its d and (Q4_1, Q5_1) m
+VNNI_FN inline __attribute__((always_inline)) __m512i group32(int qtype, const uint8_t* b, float& d, float& m) {
+  if (qtype == Q8_0) {
+    d = f16c(rd16(b));
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2)));
+  }
+  if (qtype == Q5_0) {  // the low nibbles are elements 0–15, the high ones 16–31; bit j of qh adds 16 to element j
+    d = f16c(rd16(b));
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m128i qs = _mm_loadu_si128((const __m128i*)(b + 6)), lo4x = _mm_set1_epi8(15);
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
+                                        _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
+    q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(16));
+    return _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16));
+  }
+  alignas(64) int16_t w[32];
+  Scales s;
+  unpack_avx512(qtype, b, w, s);
+  d = s.d, m = s.m;
+  return _mm512_load_si512(w);
+}
+
+// Small calls, G = 32 (M ≤ SMALL_ROWS): NR weight rows × MR rows over every group, each group unpacked in registers
+// and applied to every row (its minimums into rb's mm); the float steps those of tile_avx512's buffered loop, in the
+// same order. The result in accm [NR][ROW_TILE][16].
+template <int NR, int MR>
+VNNI_FN void fused32(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, float* accm) {
+  const int64_t groups = c.K / 32;
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+  const uint8_t* end = c.w + c.N * c.row_bytes;
+  for (int64_t g = 0; g < groups; g++) {
+    __m512i w[NR];
+    float d[NR];
+    for (int r = 0; r < NR; r++) {
+      const uint8_t* b = c.w + (n + r) * c.row_bytes + g * c.f.block_bytes;
+      prefetch(b, c.f.block_bytes, end);
+      float m = 0.f;
+      w[r] = group32(c.qtype, b, d[r], m);
+      if (c.f.lmin) rb[r]->mm[g] = m;
+    }
+    for (int i = 0; i < MR; i++) {
+      const __m512i xv = _mm512_loadu_si512(c.xq + (m0 + i) * c.K + g * 32);
+      const float dx = c.dx[(m0 + i) * groups + g];
+      for (int r = 0; r < NR; r++) {
+        const __m512i isum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w[r], xv);
+        acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d[r] * dx)));
+      }
+    }
+  }
+  for (int r = 0; r < NR; r++)
+    for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + m0 + i) * 16, acc[r][i]);
+}
+
+// Every row of the call in tiles of ≤ 8 rows, of sizes as equal as they can be
+template <int NR>
+VNNI_FN void small32(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
+  const int64_t tiles = (c.M + 7) / 8;
+  for (int64_t t = 0, m0 = 0; t < tiles; t++) {
+    const int64_t mt = (c.M - m0) / (tiles - t);
+    switch (mt) {
+      case 1: fused32<NR, 1>(c, rb, n, m0, accm); break;
+      case 2: fused32<NR, 2>(c, rb, n, m0, accm); break;
+      case 3: fused32<NR, 3>(c, rb, n, m0, accm); break;
+      case 4: fused32<NR, 4>(c, rb, n, m0, accm); break;
+      case 5: fused32<NR, 5>(c, rb, n, m0, accm); break;
+      case 6: fused32<NR, 6>(c, rb, n, m0, accm); break;
+      case 7: fused32<NR, 7>(c, rb, n, m0, accm); break;
+      default: fused32<NR, 8>(c, rb, n, m0, accm); break;
+    }
+    m0 += mt;
+  }
+}
+
 // One weight row at a time (with two, their registers spill to the stack: slower), rows [m0, m0 + mt), mt ≤ 12;
 // Q6_K's tiles stop at 8 (past 8 its registers spill: 9 and 12 rows ran 0.8x; Q4_K's 12 ran 1.06x 5 + 4)
 constexpr int TILE_ROWS = 12, TILE_ROWS_Q6 = 8;
@@ -1034,6 +1111,19 @@ VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
       int64_t n = n0;
       for (; n + 2 <= n1; n += 2) rows_kquant<2>(c, rb, n, m0, m1, accm);
       if (n < n1) rows_kquant<1>(c, rb, n, m0, m1, accm);
+      continue;
+    }
+    if (c.M <= SMALL_ROWS) {  // G = 32, a step's or a pass's rows: two weight rows at a time, in registers
+      int64_t n = n0;
+      for (; n + 2 <= n1; n += 2) {
+        small32<2>(c, rb, n, accm);
+        finish_rows(c, b0, n, 0, c.M, accm);
+        finish_rows(c, b1, n + 1, 0, c.M, accm + ROW_TILE * 16);
+      }
+      if (n < n1) {
+        small32<1>(c, rb, n, accm);
+        finish_rows(c, b0, n, 0, c.M, accm);
+      }
       continue;
     }
     for (int64_t n = n0; n < n1; n++) {  // G = 32: a group is one chunk
