@@ -30,11 +30,11 @@ inline uint16_t bf16(float f) { return c10::BFloat16(f).x; }  // torch's roundin
 
 inline uint16_t* bits(const torch::Tensor& t) { return (uint16_t*)t.data_ptr<at::BFloat16>(); }
 
-// x [M, d] bf16 contiguous (updated to x + y where y is given), y [M, d] bf16 contiguous or undefined, w [d] bf16
-// -> the RMS norm of each row [M, d] bf16
+// x [..., d] bf16 contiguous (updated to x + y where y is given), y like x or undefined, w [d] bf16
+// -> the RMS norm of each row, like x
 torch::Tensor add_rms(torch::Tensor x, c10::optional<torch::Tensor> y, torch::Tensor w, double eps) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() == 2, "add_rms: x [M, d] bf16");
-  const int64_t M = x.size(0), d = x.size(1);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() >= 1, "add_rms: x [..., d] bf16");
+  const int64_t d = x.size(-1), M = d ? x.numel() / d : 0;
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.numel() == d, "add_rms: w [d] bf16");
   const bool add = y && y->defined();
   if (add) TORCH_CHECK(y->scalar_type() == at::kBFloat16 && y->is_contiguous() && y->sizes() == x.sizes(),

@@ -20,10 +20,12 @@ def test_add_rms_is_its_twin_and_the_norm(d):
     w = (torch.rand(d) + 0.5).to(torch.bfloat16)
     eps = 1e-6
     want = layer_ops.add_rms_twin(x, y, w, eps)[1]
+    ops = layer_ops.LayerOps(torch.bfloat16)
     x_in = x.clone()
-    s, got = layer_ops.add_rms(x_in, y, w, eps)
+    s, got = ops.add_rms(x_in, y, w, eps)
     assert s is x_in and torch.equal(s, x + y)  # the sum in place, torch's bf16 add
     assert torch.equal(got, want)
+    assert torch.equal(ops.add_rms(x.clone().view(1, 5, d), y.view(1, 5, d), w, eps)[1], want.view(1, 5, d))  # [..., d]
     # the fp64 norm of the same bf16 sum: two bf16 roundings (h, then w · h: exact in fp32) of unit roundoff 2⁻⁸,
     # and the fp32 sum of d squares, the division, sqrt and reciprocal (≤ (d/2 + 5) · 2⁻²⁴ on the scale)
     f = s.double()
@@ -32,11 +34,11 @@ def test_add_rms_is_its_twin_and_the_norm(d):
     assert bool(((got.double() - ref).abs() <= bound).all())
     # without y: the norm of x, x untouched
     x_in = x.clone()
-    s, got = layer_ops.add_rms(x_in, None, w, eps)
+    s, got = ops.add_rms(x_in, None, w, eps)
     assert torch.equal(s, x) and torch.equal(got, layer_ops.add_rms_twin(x, None, w, eps)[1])
     # each row alone: the same bits
     for m in range(5):
-        alone = layer_ops.add_rms(x[m : m + 1].clone(), y[m : m + 1], w, eps)[1]
+        alone = ops.add_rms(x[m : m + 1].clone(), y[m : m + 1], w, eps)[1]
         assert torch.equal(alone[0], want[m])
 
 
@@ -48,7 +50,7 @@ def test_rope_store_is_torchs_rotary_embedding(monkeypatch):
     angles = torch.randn(B, T, D // 2).repeat(1, 1, 2)
     cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
     caches = [torch.full((B, KVH, S, D), float("nan"), dtype=torch.bfloat16) for _ in range(4)]
-    got = layer_ops.rope_store(q, k, v, cos, sin, caches[0], caches[1], start)
+    got = layer_ops.LayerOps(torch.bfloat16).rope_store(q, k, v, cos, sin, caches[0], caches[1], start)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     want_q = q.transpose(1, 2) * c + layer_ops.rotate_half(q.transpose(1, 2)) * s  # transformers' ops
     want_k = k.transpose(1, 2) * c + layer_ops.rotate_half(k.transpose(1, 2)) * s
@@ -57,8 +59,10 @@ def test_rope_store_is_torchs_rotary_embedding(monkeypatch):
     assert torch.equal(caches[1][:, :, start : start + T], v.transpose(1, 2))
     assert caches[0][:, :, :start].isnan().all() and caches[0][:, :, start + T :].isnan().all()  # no other slot
     # the torch path (where the kernel does not run) gives and writes the same
-    monkeypatch.setattr(layer_ops, "_fused", lambda *tensors: None)
-    assert torch.equal(layer_ops.rope_store(q, k, v, cos, sin, caches[2], caches[3], start), got)
+    monkeypatch.setattr(layer_ops.KERNEL, "module", lambda: None)
+    torch_ops = layer_ops.LayerOps(torch.bfloat16)
+    assert torch_ops.ext is None
+    assert torch.equal(torch_ops.rope_store(q, k, v, cos, sin, caches[2], caches[3], start), got)
     for torch_path, kernel_path in ((caches[2], caches[0]), (caches[3], caches[1])):
         assert torch.equal(torch_path[:, :, start : start + T], kernel_path[:, :, start : start + T])
         assert torch_path[:, :, :start].isnan().all() and torch_path[:, :, start + T :].isnan().all()

@@ -74,7 +74,7 @@ def _run(decoder, tokens, mask, positions, cut):
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["gguf", "bf16"])
 def test_llama_like_gives_transformers_logits_on_smollm2(weights, smollm2_blocks, smollm2, monkeypatch):
-    monkeypatch.setattr(layer_ops, "_fused", lambda *tensors: None)  # transformers' torch ops, not the fused ones
+    monkeypatch.setattr(layer_ops.KERNEL, "module", lambda: None)  # transformers' torch ops, not the fused ones
     loaded = smollm2_blocks if weights == "gguf" else smollm2
     lean = decoder_for(loaded.model)
     assert isinstance(lean, LlamaLike)
@@ -114,7 +114,7 @@ def test_llama_like_drives_each_family_as_transformers(arch, monkeypatch):
         target, _ = make_pair(arch)
     assert type(decoder_for(target)) is Decoder
     target = target.to(torch.bfloat16)
-    monkeypatch.setattr(layer_ops, "_fused", lambda *tensors: None)  # transformers' torch ops, not the fused ones
+    monkeypatch.setattr(layer_ops.KERNEL, "module", lambda: None)  # transformers' torch ops, not the fused ones
     lean = decoder_for(target)
     assert isinstance(lean, LlamaLike)
     tokens = torch.tensor([[3, 14, 15, 9, 26, 5, 33, 2, 40, 41, 7]])

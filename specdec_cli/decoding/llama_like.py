@@ -30,8 +30,8 @@ import torch
 
 from specdec_cli import internals
 from specdec_cli.decoding.adapters import Decoder
-from specdec_cli.decoding.exact_rows import exact_rows, fp32_by_rows, needs_rows
-from specdec_cli.kernels import layer_ops
+from specdec_cli.decoding.exact_rows import ROWS, exact_rows, fp32_by_rows, needs_rows
+from specdec_cli.kernels import layer_ops, rows_attention
 
 # config.model_type of the families whose decoder layer is the one above (no sliding window, no extra norms)
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -116,6 +116,7 @@ class LlamaLike(Decoder):
         self.head_dim = base.layers[0].self_attn.head_dim
         self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.dtype = self.embed.weight.dtype
+        self.ops = layer_ops.LayerOps(self.dtype)
         self.keys: list[torch.Tensor] = []  # per layer [B, KV heads, slots, head_dim]
         self.values: list[torch.Tensor] = []
 
@@ -144,22 +145,24 @@ class LlamaLike(Decoder):
         start, end = self.length, self.length + T
         self._reserve(B, end)
         x = self.embed(tokens)  # [B, T, d]
-        cos, sin = self.rotary(x, positions)  # [B, T, head_dim] each
+        cos, sin = (t.contiguous() for t in self.rotary(x, positions))  # [B, T, head_dim] each
         shown = None
         if mask is not None and not bool(mask[:, :end].all()):
             slot = torch.arange(end, device=x.device)
             shown = (slot[None, :] <= slot[start:, None])[None, None] & mask[:, None, None, :end]  # [B, 1, T, end]
         y = None  # what the last layer adds to x
         for i, (n1, attn, qkv, o, n2, gate_up, act, down) in enumerate(self.layers):
-            x, h = layer_ops.add_rms(x, y, n1.weight, n1.variance_epsilon)
+            x, h = self.ops.add_rms(x, y, n1.weight, n1.variance_epsilon)
             q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv(h))  # [B, T, heads, head_dim]
-            q = layer_ops.rope_store(q, k, v, cos, sin, self.keys[i], self.values[i], start)  # [B, heads, T, hd]
-            a, _ = fp32_by_rows(attn, q, self.keys[i][:, :, :end], self.values[i][:, :, :end], shown, dropout=0.0,
-                                scaling=attn.scaling)  # [B, T, heads, head_dim]
-            x, h = layer_ops.add_rms(x, o(a.reshape(B, T, -1)), n2.weight, n2.variance_epsilon)
+            q = self.ops.rope_store(q, k, v, cos, sin, self.keys[i], self.values[i], start)  # [B, heads, T, hd]
+            keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
+            a = rows_attention.attend(q, keys, values, shown, attn.scaling) if T <= ROWS else None  # exact_rows'
+            if a is None:  # kernel_rows, without its checks: a CPU, no dropout, a bool mask or none
+                a, _ = fp32_by_rows(attn, q, keys, values, shown, dropout=0.0, scaling=attn.scaling)
+            x, h = self.ops.add_rms(x, o(a.reshape(B, T, -1)), n2.weight, n2.variance_epsilon)  # a [B, T, heads, hd]
             g, u = gate_up(h)
             y = down(act(g) * u)
-        return layer_ops.add_rms(x, y, self.norm.weight, self.norm.variance_epsilon)[1]
+        return self.ops.add_rms(x, y, self.norm.weight, self.norm.variance_epsilon)[1]
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
         h = self._hidden(tokens, mask, positions)
