@@ -193,7 +193,9 @@ class DecodeOptions:
 # 1.23x that, the model draft 0.89x (it costs 0.66 of a step). These defaults beside llama.cpp in one run (bench
 # --peers llama.cpp): 13.9 tokens/s against its 15.8 on the same file; after the int8 kernel and the bf16 prefill
 # (the day after), 18.9 / 17.2 against 15.7 / 15.3 in two runs (the model draft, whose rows are not K-quants, only
-# costlier beside the faster target: not measured again).
+# costlier beside the faster target: not measured again). Again with both driven by decoding/llama_like (the sixth
+# session, benchmarks/summarize-draft-llama-like.json): lookup 1.23x the target alone, lookup+embedded 0.97x, the
+# model draft 0.84x (its step 0.6 of the target's, acceptance 0.80-0.88).
 # The model draft's options (draft_vocab, draft_stop, int8) stay what was best for it: they apply to --draft
 # embedded and lookup+embedded.
 @dataclass(frozen=True)
