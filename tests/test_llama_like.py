@@ -10,7 +10,7 @@ import torch
 
 from conftest import smollm2_cache
 from specdec_cli.decoding.adapters import Decoder
-from specdec_cli.decoding.exact_rows import exact_rows
+from specdec_cli.decoding.exact_rows import ROWS, exact_rows
 from specdec_cli.decoding.llama_like import LlamaLike, decoder_for
 from specdec_cli.kernels import gguf_blocks as gb
 from specdec_cli.kernels import layer_ops
@@ -119,7 +119,13 @@ def test_llama_like_drives_each_family_as_transformers(arch, monkeypatch):
     assert isinstance(lean, LlamaLike)
     tokens = torch.tensor([[3, 14, 15, 9, 26, 5, 33, 2, 40, 41, 7]])
     positions = torch.arange(tokens.shape[1])[None]
-    for g, w in zip(_run(lean, tokens, None, positions, 6), _run(Decoder(exact_rows(target)), tokens, None, positions, 6),
+    plain = Decoder(exact_rows(target))
+    for g, w in zip(_run(lean, tokens, None, positions, 6), _run(plain, tokens, None, positions, 6), strict=True):
+        assert torch.equal(g, w)
+    # a prompt read in two chunks longer than a pass (the loop's PREFILL_CHUNK): the second sees the first's keys
+    tokens = torch.randint(0, 64, (1, 2 * ROWS + 6), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(tokens.shape[1])[None]
+    for g, w in zip(_run(lean, tokens, None, positions, ROWS + 2), _run(plain, tokens, None, positions, ROWS + 2),
                     strict=True):
         assert torch.equal(g, w)
 

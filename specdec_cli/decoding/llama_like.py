@@ -57,7 +57,7 @@ def applies(model) -> bool:
 
 def decoder_for(model) -> Decoder:
     """How the loop drives a target: its rows computed alike (exact_rows), by LlamaLike where it applies and
-    exact_rows changed something (its attention is then fp32_by_rows in transformers' forward too: the same bits)."""
+    exact_rows changed something (bf16/fp16 or GGUF blocks, where transformers' forward attends by rows too)."""
     rows = exact_rows(model)
     return LlamaLike(rows) if rows is not model and applies(model) else Decoder(rows)
 
@@ -146,10 +146,15 @@ class LlamaLike(Decoder):
         self._reserve(B, end)
         x = self.embed(tokens)  # [B, T, d]
         cos, sin = (t.contiguous() for t in self.rotary(x, positions))  # [B, T, head_dim] each
+        # a mask where a row has holes, or where sdpa reads more keys than queries (its causal mask would align them
+        # at the first key: a prompt's second chunk); the row kernel aligns the queries at the last key itself
         shown = None
-        if mask is not None and not bool(mask[:, :end].all()):
+        holes = mask is not None and not bool(mask[:, :end].all())
+        if holes or (T > ROWS and start > 0):
             slot = torch.arange(end, device=x.device)
-            shown = (slot[None, :] <= slot[start:, None])[None, None] & mask[:, None, None, :end]  # [B, 1, T, end]
+            shown = (slot[None, :] <= slot[start:, None])[None, None]  # [1, 1, T, end]: causal
+            if holes:
+                shown = shown & mask[:, None, None, :end]  # [B, 1, T, end]
         y = None  # what the last layer adds to x
         for i, (n1, attn, qkv, o, n2, gate_up, act, down) in enumerate(self.layers):
             x, h = self.ops.add_rms(x, y, n1.weight, n1.variance_epsilon)
