@@ -561,6 +561,32 @@ AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
+VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s);
+
+// G = 32: one group's integer weights in a register, its d and (Q4_1, Q5_1) m (unpack_avx512's, which
+// stores this one's for Q8_0 and Q5_0)
+VNNI_FN inline __attribute__((always_inline)) __m512i group32(int qtype, const uint8_t* b, float& d, float& m) {
+  if (qtype == Q8_0) {
+    d = f16c(rd16(b));
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2)));
+  }
+  if (qtype == Q5_0) {  // the low nibbles are elements 0–15, the high ones 16–31; bit j of qh adds 16 to element j
+    d = f16c(rd16(b));
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m128i qs = _mm_loadu_si128((const __m128i*)(b + 6)), lo4x = _mm_set1_epi8(15);
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
+                                        _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
+    q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(16));
+    return _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16));
+  }
+  alignas(64) int16_t w[32];
+  Scales s;
+  unpack_avx512(qtype, b, w, s);
+  d = s.d, m = s.m;
+  return _mm512_load_si512(w);
+}
+
 VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
   // bytes widened to int16 first, nibbles cut there: a byte's high nibble is its int16's value >> 4
   const __m512i lo4 = _mm512_set1_epi16(15);
@@ -602,19 +628,8 @@ VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
         _mm512_storeu_si512(w + e, _mm512_mullo_epi16(_mm512_sub_epi16(q, k32), scv));
       }
     }
-  } else if (qtype == Q8_0) {
-    s.d = f16c(rd16(b));
-    _mm512_storeu_si512(w, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2))));
-  } else if (qtype == Q5_0) {
-    s.d = f16c(rd16(b));
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    __m128i qs = _mm_loadu_si128((const __m128i*)(b + 6));
-    const __m128i lo4x = _mm_set1_epi8(15);
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
-                                        _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
-    q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(16));
-    _mm512_storeu_si512(w, _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16)));
+  } else if (qtype == Q8_0 || qtype == Q5_0) {
+    _mm512_storeu_si512(w, group32(qtype, b, s.d, s.m));
   } else {
     unpack_portable(qtype, b, w, s);
   }
@@ -920,29 +935,6 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
   }
   for (int r = 0; r < NR; r++)
     for (int i = 0; i < MR; i++) _mm512_store_ps(accm + (r * ROW_TILE + m0 + i) * 16, acc[r][i]);
-}
-
-// G = 32: one group's integer weights (unpack_avx512's) in a register, its d and (Q4_1, Q5_1) m
-VNNI_FN inline __attribute__((always_inline)) __m512i group32(int qtype, const uint8_t* b, float& d, float& m) {
-  if (qtype == Q8_0) {
-    d = f16c(rd16(b));
-    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2)));
-  }
-  if (qtype == Q5_0) {  // the low nibbles are elements 0–15, the high ones 16–31; bit j of qh adds 16 to element j
-    d = f16c(rd16(b));
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    const __m128i qs = _mm_loadu_si128((const __m128i*)(b + 6)), lo4x = _mm_set1_epi8(15);
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
-                                        _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
-    q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(16));
-    return _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16));
-  }
-  alignas(64) int16_t w[32];
-  Scales s;
-  unpack_avx512(qtype, b, w, s);
-  d = s.d, m = s.m;
-  return _mm512_load_si512(w);
 }
 
 // Small calls, G = 32 (M ≤ SMALL_ROWS): NR weight rows × MR rows over every group, each group unpacked in registers
