@@ -25,28 +25,22 @@ KERNEL = cpp.Extension("layer_ops", SOURCE, ["-O3", "-march=native", "-ffp-contr
                        "a layer's norms and rotary embedding run as torch ops")
 
 
-def rms_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMS norm (Llama's, Qwen2's, Mistral's): x in fp32 over its root mean square, back to x's dtype,
-    times the weight."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 class LayerOps:
     """add_rms and rope_store for activations of one dtype: the fused kernel's where it runs (bf16 on a CPU, the
-    kernel built), else torch's ops (transformers' own)."""
+    kernel built), else torch's ops (transformers' own: the norm module itself, its rotary embedding's operations)."""
 
     def __init__(self, dtype: torch.dtype):
         self.ext: Any = KERNEL.module() if dtype == torch.bfloat16 else None
 
-    def add_rms(self, x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float):
-        """(s, norm(s)) for s = x + y (x itself without y), x, y [..., d] (x contiguous), weight [d]. The fused kernel
-        writes s into x's tensor (x is not needed as it was)."""
+    def add_rms(self, x: torch.Tensor, y: torch.Tensor | None, norm: torch.nn.Module):
+        """(s, norm(s)) for s = x + y (x itself without y), x, y [..., d] (x contiguous); norm: the model's RMS norm
+        module (transformers' Llama/Qwen2/Mistral one: `weight` [d], `variance_epsilon`), which runs itself where the
+        kernel does not. The fused kernel writes s into x's tensor (x is not needed as it was)."""
         if self.ext is None:
             s = x if y is None else x + y
-            return s, rms_torch(s, weight, eps)
-        return x, self.ext.add_rms(x, y if y is None or y.is_contiguous() else y.contiguous(), weight, eps)
+            return s, norm(s)
+        y = y if y is None or y.is_contiguous() else y.contiguous()
+        return x, self.ext.add_rms(x, y, norm.weight, norm.variance_epsilon)
 
     def rope_store(self, q, k, v, cos, sin, keys, values, start: int) -> torch.Tensor:
         """q [B, T, H, D], k, v [B, T, KVH, D], cos, sin [B, T, D] contiguous; keys, values [B, KVH, S, D] contiguous

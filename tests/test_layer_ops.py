@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specdec_cli.kernels import layer_ops
 
@@ -21,11 +22,14 @@ def test_add_rms_is_its_twin_and_the_norm(d):
     eps = 1e-6
     want = layer_ops.add_rms_twin(x, y, w, eps)[1]
     ops = layer_ops.LayerOps(torch.bfloat16)
+    norm = LlamaRMSNorm(d, eps).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(w)
     x_in = x.clone()
-    s, got = ops.add_rms(x_in, y, w, eps)
+    s, got = ops.add_rms(x_in, y, norm)
     assert s is x_in and torch.equal(s, x + y)  # the sum in place, torch's bf16 add
     assert torch.equal(got, want)
-    assert torch.equal(ops.add_rms(x.clone().view(1, 5, d), y.view(1, 5, d), w, eps)[1], want.view(1, 5, d))  # [..., d]
+    assert torch.equal(ops.add_rms(x.clone().view(1, 5, d), y.view(1, 5, d), norm)[1], want.view(1, 5, d))  # [..., d]
     # the fp64 norm of the same bf16 sum: two bf16 roundings (h, then w · h: exact in fp32) of unit roundoff 2⁻⁸,
     # and the fp32 sum of d squares, the division, sqrt and reciprocal (≤ (d/2 + 5) · 2⁻²⁴ on the scale)
     f = s.double()
@@ -34,11 +38,11 @@ def test_add_rms_is_its_twin_and_the_norm(d):
     assert bool(((got.double() - ref).abs() <= bound).all())
     # without y: the norm of x, x untouched
     x_in = x.clone()
-    s, got = ops.add_rms(x_in, None, w, eps)
+    s, got = ops.add_rms(x_in, None, norm)
     assert torch.equal(s, x) and torch.equal(got, layer_ops.add_rms_twin(x, None, w, eps)[1])
     # each row alone: the same bits
     for m in range(5):
-        alone = ops.add_rms(x[m : m + 1].clone(), y[m : m + 1], w, eps)[1]
+        alone = ops.add_rms(x[m : m + 1].clone(), y[m : m + 1], norm)[1]
         assert torch.equal(alone[0], want[m])
 
 

@@ -157,17 +157,17 @@ class LlamaLike(Decoder):
                 shown = shown & mask[:, None, None, :end]  # [B, 1, T, end]
         y = None  # what the last layer adds to x
         for i, (n1, attn, qkv, o, n2, gate_up, act, down) in enumerate(self.layers):
-            x, h = self.ops.add_rms(x, y, n1.weight, n1.variance_epsilon)
+            x, h = self.ops.add_rms(x, y, n1)
             q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv(h))  # [B, T, heads, head_dim]
             q = self.ops.rope_store(q, k, v, cos, sin, self.keys[i], self.values[i], start)  # [B, heads, T, hd]
             keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
             a = rows_attention.attend(q, keys, values, shown, attn.scaling) if T <= ROWS else None  # exact_rows'
             if a is None:  # kernel_rows, without its checks: a CPU, no dropout, a bool mask or none
                 a, _ = fp32_by_rows(attn, q, keys, values, shown, dropout=0.0, scaling=attn.scaling)
-            x, h = self.ops.add_rms(x, o(a.reshape(B, T, -1)), n2.weight, n2.variance_epsilon)  # a [B, T, heads, hd]
+            x, h = self.ops.add_rms(x, o(a.reshape(B, T, -1)), n2)  # a [B, T, heads, hd]
             g, u = gate_up(h)
             y = down(act(g) * u)
-        return self.ops.add_rms(x, y, self.norm.weight, self.norm.variance_epsilon)[1]
+        return self.ops.add_rms(x, y, self.norm)[1]
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
         h = self._hidden(tokens, mask, positions)
