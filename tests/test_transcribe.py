@@ -205,6 +205,24 @@ def test_exact_scorer_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
         assert_same_up_to_rounding(passes, steps, whisper_decoder_sums(whisper.config, keys=40))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_target_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
+    """--target-int8: each activation row is quantized alone (kernels/int8_rows), so a pass's rows are one-token
+    steps' bit for bit in either dtype (torch's dynamic int8, one scale per call, was not)."""
+    from specdec_cli.models.int8 import Int8Linear
+    from specdec_cli.options import TranscribeOptions
+
+    opts = TranscribeOptions(target=str(tiny_dir), dtype=str(dtype).split(".")[1], device="cpu", draft_vocab=150)
+    q, _ = T.load_pair(opts.replace(target_int8=True), progress=False)
+    whisper = q.model
+    assert type(whisper.proj_out) is Int8Linear and type(whisper.model.decoder.layers[0].fc2) is Int8Linear
+    torch.manual_seed(3)
+    encoded = torch.randn(1, 1500, 32, dtype=dtype)
+    kv = cross_kv(whisper.model.decoder.layers, encoded, cross_attention_dtype(whisper))
+    steps, passes = _steps_and_passes(whisper, encoded, kv, 259)
+    assert torch.equal(passes, steps)
+
+
 def test_a_lone_row_is_computed_as_the_first_of_two():
     """RowLinear: a one-row call gives exactly row 0 of the two-row call (the kernel rows ≥ 2 share), in bf16
     on a CPU; the layer is only wrapped there."""
@@ -558,7 +576,8 @@ def test_base_cli_default_models(base, session_model_cache, monkeypatch):
 def test_target_int8_quantizes_the_decoder_and_stays_close(tiny_dir, speech_wav):
     """--target-int8: the decoder's linears and the output layer become int8 (the encoder stays), the logits
     stay near the unquantized ones, and the bench sweeps it with its own autoregressive reference, compared
-    with the unquantized target's transcripts ("= AR" of the int8 autoregressive record)."""
+    with the unquantized target's transcripts ("= AR" of the int8 autoregressive record); the int8 exact
+    transcripts are the int8 autoregressive ones."""
     from torch import nn
 
     from specdec_cli.bench import config, contenders, runners
@@ -591,5 +610,6 @@ def test_target_int8_quantizes_the_decoder_and_stays_close(tiny_dir, speech_wav)
     same = sum(a == b for a, b in zip(int8_ar.outputs, plain_ar.outputs)) / len(plain_ar.outputs)
     assert int8_ar.same_as_autoregressive == same and int8_ar.speedup is None
     assert int8_exact.speedup == pytest.approx(int8_exact.tokens_per_s / int8_ar.tokens_per_s)
+    assert int8_exact.same_as_autoregressive == 1.0  # greedy: the int8 target's own output (rows quantized alone)
     assert all(r.end_to_end_s > r.wall_s > 0 and r.encoder_s > 0 for r in records)
     assert int8_ar.end_to_end_speedup == pytest.approx(plain_ar.end_to_end_s / int8_ar.end_to_end_s)

@@ -1,0 +1,305 @@
+// Weight-only int8 linear with each activation row quantized alone, on a CPU: y[M, N] = x[M, K] · Wᵀ (+ bias), W held
+// as int8 with one scale per output row. The torch twin is int8_rows.py's twin().
+//
+// The arithmetic, for one output (m, n); it is the same sequence whatever M, the other rows, the thread count or the
+// path, so a pass's row has the bits of a one-token step:
+//
+//   a_m    max_k |x_mk|                             x widened exactly to fp32
+//   q_mk   clamp(rint(x_mk · (127 / a_m)), ±127)     0 where a_m = 0;  s_m = a_m / 127
+//   dot    Σ_k q_mk · w_nk                          int32, exact (|dot| ≤ 127² · K < 2³¹ for K ≤ 131 072)
+//   y_mn   float(dot) · (s_m · s_n) + bias_n         fp32, then x's dtype (bf16 rounded as torch's .to rounds)
+//
+// The integer sum is exact, so each path adds it in its own order: AVX-512 VNNI (vpdpbusd on q + 128, less
+// 128 · Σ_k w_nk), AVX2 (vpmaddubsw on |q| and w carrying q's sign, then vpmaddwd; no pair exceeds 2 · 127²), portable
+// loops. -ffp-contract=off: the epilogue's multiply and add stay two roundings.
+//
+// W is packed [N128 / 16, K / 4, 16, 4]: 16 output rows' 4 consecutive weights side by side (N128: N rounded up to
+// 128, zero rows past N; K a multiple of 8), so one 64-byte load feeds 16 outputs and a broadcast of 4 activations serves them all; the rows
+// of a call sweep each block while it is in cache.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define I8_X86 1
+#else
+#define I8_X86 0
+#endif
+
+namespace {
+
+enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };  // as qmatmul's
+
+struct Call {
+  int64_t M, N, K, NB;   // NB = N128 / 16 weight blocks
+  const int8_t* w;       // [NB, K / 4, 16, 4]
+  const int32_t* wsum;   // [N128]: Σ_k w_nk
+  const float* ws;       // [N]: s_n
+  const float* bias;     // [N] fp32, or null
+  const int8_t* xq;      // [M, K]: q
+  const uint8_t* xu;     // [M, K]: q + 128 (the VNNI path's)
+  const float* xs;       // [M]: s_m
+  float* y;              // [M, N] fp32, or null: then
+  uint16_t* yb;          // [M, N] bf16
+};
+
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }  // exact
+
+template <typename T>
+void quantize_row(const T* x, int64_t K, int8_t* q, uint8_t* u, float* s) {
+  float a = 0.f;
+  for (int64_t k = 0; k < K; k++) a = std::max(a, std::fabs(widen(x[k])));
+  const float inv = a > 0.f ? 127.f / a : 0.f;
+  *s = a / 127.f;
+  for (int64_t k = 0; k < K; k++) {
+    const float v = std::min(127.f, std::max(-127.f, std::nearbyint(widen(x[k]) * inv)));
+    q[k] = (int8_t)v;
+    if (u) u[k] = (uint8_t)(q[k] + 128);
+  }
+}
+
+// the 16 outputs of block nb for rows m0 … m0 + mt − 1 from their exact dots
+void finish(const Call& c, int64_t nb, int64_t m0, int mt, const int32_t* dots /* [mt, 16] */) {
+  for (int i = 0; i < mt; i++)
+    for (int r = 0; r < 16; r++) {
+      const int64_t n = nb * 16 + r, m = m0 + i;
+      if (n >= c.N) break;
+      float v = (float)dots[i * 16 + r] * (c.xs[m] * c.ws[n]);
+      if (c.bias) v = v + c.bias[n];
+      if (c.yb) c.yb[m * c.N + n] = c10::BFloat16(v).x;
+      else c.y[m * c.N + n] = v;
+    }
+}
+
+constexpr int MT = 8;  // activation rows per sweep of a block (the AVX2 path: 4, its registers)
+
+void block_portable(const Call& c, int64_t nb, int64_t m0, int mt) {
+  int32_t acc[MT * 16] = {0};
+  const int8_t* wb = c.w + nb * c.K * 16;
+  for (int64_t kk = 0; kk < c.K / 4; kk++)
+    for (int r = 0; r < 16; r++)
+      for (int j = 0; j < 4; j++) {
+        const int32_t w = wb[(kk * 16 + r) * 4 + j];
+        for (int i = 0; i < mt; i++) acc[i * 16 + r] += (int32_t)c.xq[(m0 + i) * c.K + kk * 4 + j] * w;
+      }
+  finish(c, nb, m0, mt, acc);
+}
+
+#if I8_X86
+inline int32_t load4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#define AVX2_FN __attribute__((target("avx2,fma")))
+
+template <int R>
+AVX2_FN void block_avx2_r(const Call& c, int64_t nb, int64_t m0) {
+  __m256i acc[R][2];
+  for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  const int8_t* wb = c.w + nb * c.K * 16;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t kk = 0; kk < c.K / 4; kk++) {
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + kk * 64));
+    const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + kk * 64 + 32));
+    for (int i = 0; i < R; i++) {
+      const __m256i a = _mm256_set1_epi32(load4(c.xq + (m0 + i) * c.K + kk * 4));
+      const __m256i au = _mm256_abs_epi8(a);
+      acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, a)), ones));
+      acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, a)), ones));
+    }
+  }
+  alignas(64) int32_t dots[R * 16];
+  for (int i = 0; i < R; i++) {
+    _mm256_store_si256((__m256i*)(dots + i * 16), acc[i][0]);
+    _mm256_store_si256((__m256i*)(dots + i * 16 + 8), acc[i][1]);
+  }
+  finish(c, nb, m0, R, dots);
+}
+
+AVX2_FN void block_avx2(const Call& c, int64_t nb, int64_t m0, int mt) {
+  for (; mt >= 4; mt -= 4, m0 += 4) block_avx2_r<4>(c, nb, m0);
+  switch (mt) {
+    case 3: return block_avx2_r<3>(c, nb, m0);
+    case 2: return block_avx2_r<2>(c, nb, m0);
+    case 1: return block_avx2_r<1>(c, nb, m0);
+  }
+}
+
+#define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
+
+// bf16 bits of 16 floats, rounded to nearest even as c10::BFloat16 rounds (a NaN: 0x7FC0)
+VNNI_FN inline __m256i bf16_bits(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+// finish()'s operations on 16 lanes at once (the same roundings)
+VNNI_FN inline void finish16(const Call& c, int64_t n0, int64_t m, __m512i dot) {
+  const int64_t left = c.N - n0;
+  if (left <= 0) return;
+  const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+  const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(c.xs[m]), _mm512_maskz_loadu_ps(k, c.ws + n0));
+  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), scale);
+  if (c.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, c.bias + n0));
+  if (c.yb) _mm256_mask_storeu_epi16(c.yb + m * c.N + n0, k, bf16_bits(v));
+  else _mm512_mask_storeu_ps(c.y + m * c.N + n0, k, v);
+}
+
+// R rows × NBW blocks from block nb on; two chains per output (even and odd steps of k: integers, any order)
+template <int R, int NBW>
+VNNI_FN void block_avx512_r(const Call& c, int64_t nb, int64_t m0) {
+  __m512i acc[2][NBW][R];
+  for (int h = 0; h < 2; h++)
+    for (int b = 0; b < NBW; b++)
+      for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_setzero_si512();
+  const int64_t K4 = c.K / 4, step = c.K * 16;
+  const int8_t* wb = c.w + nb * step;
+  for (int64_t kk = 0; kk < K4; kk += 2)
+    for (int h = 0; h < 2; h++) {
+      __m512i a[R];
+      for (int i = 0; i < R; i++) a[i] = _mm512_set1_epi32(load4(c.xu + (m0 + i) * c.K + (kk + h) * 4));
+      for (int b = 0; b < NBW; b++) {
+        const __m512i w = _mm512_loadu_si512(wb + b * step + (kk + h) * 64);
+        for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_dpbusd_epi32(acc[h][b][i], a[i], w);
+      }
+    }
+  for (int b = 0; b < NBW; b++) {
+    const __m512i less = _mm512_slli_epi32(_mm512_loadu_si512(c.wsum + (nb + b) * 16), 7);  // 128 · Σ_k w_nk
+    for (int i = 0; i < R; i++)
+      finish16(c, (nb + b) * 16, m0 + i, _mm512_sub_epi32(_mm512_add_epi32(acc[0][b][i], acc[1][b][i]), less));
+  }
+}
+
+// blocks nb … nb + NBW − 1 (NBW = WIDE / R rounded down to 8, 4, 2, 1) for rows m0 … m0 + mt − 1
+template <int NBW>
+VNNI_FN void blocks_avx512(const Call& c, int64_t nb, int64_t m0, int mt) {
+  switch (mt) {
+    case 8: if constexpr (NBW == 1) return block_avx512_r<8, 1>(c, nb, m0); break;
+    case 7: if constexpr (NBW == 1) return block_avx512_r<7, 1>(c, nb, m0); break;
+    case 6: if constexpr (NBW == 1) return block_avx512_r<6, 1>(c, nb, m0); break;
+    case 5: if constexpr (NBW == 1) return block_avx512_r<5, 1>(c, nb, m0); break;
+    case 4: if constexpr (NBW <= 2) return block_avx512_r<4, NBW>(c, nb, m0); break;
+    case 3: if constexpr (NBW <= 2) return block_avx512_r<3, NBW>(c, nb, m0); break;
+    case 2: if constexpr (NBW <= 4) return block_avx512_r<2, NBW>(c, nb, m0); break;
+    case 1: return block_avx512_r<1, NBW>(c, nb, m0);
+  }
+  for (int b = 0; b < NBW; b++) blocks_avx512<1>(c, nb + b, m0, mt);  // more rows than NBW blocks take together
+}
+#endif  // I8_X86
+
+int detect() {
+#if I8_X86
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && __builtin_cpu_supports("avx512vnni")) return AVX512VNNI;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+#endif
+  return PORTABLE;
+}
+
+int best_path() {
+  static int p = detect();
+  return p;
+}
+
+std::string backend() {
+  switch (best_path()) {
+    case AVX512VNNI: return "AVX-512 VNNI";
+    case AVX2: return "AVX2";
+  }
+  return "portable C++";
+}
+
+template <typename T>
+void quantize_rows(const T* x, Call& c, int8_t* xq, uint8_t* xu, float* xs) {
+  at::parallel_for(0, c.M, 64, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) quantize_row<T>(x + m * c.K, c.K, xq + m * c.K, xu ? xu + m * c.K : nullptr, xs + m);
+  });
+}
+
+// x [..., K] fp32 or bf16; w [NB, K / 4, 16, 4] int8 (NB a multiple of 8); wsum [NB · 16] int32; ws [N] fp32; bias [N] fp32 or none;
+// path 0 = the best this CPU has -> [..., N] in x's dtype
+torch::Tensor mm(torch::Tensor x, torch::Tensor w, torch::Tensor wsum, torch::Tensor ws,
+                 c10::optional<torch::Tensor> bias, int64_t path) {
+  if (path == AUTO) path = best_path();
+  TORCH_CHECK(path >= PORTABLE && path <= best_path(), "int8_rows: path ", path, " does not run on this CPU");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "int8_rows: x must be fp32 or bf16");
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 4 && w.scalar_type() == at::kChar && w.is_contiguous(),
+              "int8_rows: w must be packed [N128 / 16, K / 4, 16, 4] int8");
+  const int64_t K = x.size(-1), NB = w.size(0), N = ws.size(0);
+  TORCH_CHECK(w.size(1) * 4 == K, "int8_rows: x has ", K, " columns, the weights ", w.size(1) * 4);
+  TORCH_CHECK(NB % 8 == 0 && K % 8 == 0 && N <= NB * 16 && N > (NB - 8) * 16 && wsum.numel() == NB * 16,
+              "int8_rows: the blocks must be pack()'s");
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && wsum.scalar_type() == at::kInt, "int8_rows: ws fp32, wsum int32");
+  auto x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  auto y = torch::empty(shape, x.options());
+  torch::Tensor b;
+  if (bias && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == N, "int8_rows: bias must have N elements");
+  }
+  if (M == 0) return y;
+  std::vector<int8_t> xq(M * K);
+  std::vector<uint8_t> xu(path == AVX512VNNI ? M * K : 0);
+  std::vector<float> xs(M);
+  Call c{M, N, K, NB, w.data_ptr<int8_t>(), wsum.data_ptr<int32_t>(), ws.data_ptr<float>(),
+         b.defined() ? b.data_ptr<float>() : nullptr, xq.data(), xu.empty() ? nullptr : xu.data(), xs.data(),
+         nullptr, nullptr};
+  if (x.scalar_type() == at::kFloat) {
+    quantize_rows<float>(x2.data_ptr<float>(), c, xq.data(), c.xu ? xu.data() : nullptr, xs.data());
+    c.y = y.data_ptr<float>();
+  } else {
+    quantize_rows<c10::BFloat16>(x2.data_ptr<c10::BFloat16>(), c, xq.data(), c.xu ? xu.data() : nullptr, xs.data());
+    c.yb = (uint16_t*)y.data_ptr<c10::BFloat16>();
+  }
+  // rows in balanced sweeps of ≤ MT (11 rows: 6 + 5); on AVX-512, NBW blocks at a time where a sweep has few rows
+  // (more independent chains); groups of NBW blocks over threads, ≥ ~64 K multiply-adds a task
+  const int64_t sweeps = (M + MT - 1) / MT, rows = (M + sweeps - 1) / sweeps;
+  const int nbw = path == AVX512VNNI ? (rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1) : 1;
+  const int64_t grain = std::max<int64_t>(1, 65536 / (16 * K * nbw * std::min<int64_t>(M, MT)));
+  at::parallel_for(0, NB / nbw, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g++)
+      for (int64_t m0 = 0; m0 < M; m0 += rows) {
+        const int mt = (int)std::min<int64_t>(rows, M - m0);
+#if I8_X86
+        if (path == AVX512VNNI) {
+          switch (nbw) {
+            case 8: blocks_avx512<8>(c, g * 8, m0, mt); break;
+            case 4: blocks_avx512<4>(c, g * 4, m0, mt); break;
+            case 2: blocks_avx512<2>(c, g * 2, m0, mt); break;
+            default: blocks_avx512<1>(c, g, m0, mt);
+          }
+          continue;
+        }
+        if (path == AVX2) { block_avx2(c, g, m0, mt); continue; }
+#endif
+        block_portable(c, g, m0, mt);
+      }
+  });
+  return y;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mm", &mm, "y = x · Wᵀ (+ bias), W int8 per output row, each row of x quantized alone");
+  m.def("backend", &backend, "the SIMD path this CPU runs");
+  m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
+}
