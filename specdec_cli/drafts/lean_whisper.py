@@ -25,6 +25,7 @@ from specdec_cli.decoding import Batch, Decoder, ModelDraft
 from specdec_cli.drafts import spec
 from specdec_cli.drafts.int4 import linear, pack_int4
 from specdec_cli.errors import SpecdecError
+from specdec_cli.kernels import rows_attention
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
@@ -139,29 +140,41 @@ class LeanDecoder(Decoder):
         self._grow(end)
         x = self.embed[tokens] + self.pos[positions]  # [B, T, d]
         d = x.shape[-1]
-        attn_mask = None
-        if T > 1 or mask is not None:
-            slot = torch.arange(end, device=x.device)
-            attn_mask = (slot[None, :] <= slot[start:, None])[None, None]  # [1, 1, T, end]: causal
-            if mask is not None:
-                attn_mask = attn_mask & mask[:, None, None, :end]  # [B, 1, T, end]: and no holes
+        holes = None if mask is None else mask[:, None, None, :end]  # [B, 1, 1, end]
         for i, p in enumerate(self.layers):
             h = nn.functional.layer_norm(x, (d,), *p["norm1"])
             # q, k, v: [B, heads, T, head_dim] each
             q, k, v = linear(h, p["qkv"]).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
             self.keys[i, :, :, start:end] = k
             self.values[i, :, :, start:end] = v
-            a = nn.functional.scaled_dot_product_attention(  # [B, heads, T, head_dim]
-                q, self.keys[i, :, :, :end], self.values[i, :, :, :end], attn_mask=attn_mask, scale=1.0)
-            x = x + linear(a.transpose(1, 2).reshape(B, T, d), p["out"])
+            a = self._attend(q, self.keys[i, :, :, :end], self.values[i, :, :, :end], holes, causal=True)
+            x = x + linear(a.reshape(B, T, d), p["out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm2"])
             q = linear(h, p["q"]).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
             k, v = self.kv[i]  # in models.whisper.cross_attention_dtype
-            a = nn.functional.scaled_dot_product_attention(q.to(k.dtype), k, v, scale=1.0).to(q.dtype)  # [B, heads, T, head_dim]
-            x = x + linear(a.transpose(1, 2).reshape(B, T, d), p["cross_out"])
+            a = self._attend(q, k, v, None, causal=False)
+            x = x + linear(a.reshape(B, T, d), p["cross_out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm3"])
             x = x + linear(self.activation(linear(h, p["fc1"])), p["fc2"])
         return x
+
+    def _attend(self, q, k, v, holes, causal: bool) -> torch.Tensor:
+        """q [B, heads, T, head_dim] over k, v [B, heads, S, head_dim] (causal: q's rows are the last T of the S
+        slots), holes [B, 1, 1, S] bool or None -> [B, T, heads, head_dim] in q's dtype. On a CPU the rows kernel
+        (one query over 1 500 frames: ~50 µs against torch's ~100 µs per call, 12 calls a step), else sdpa with the
+        query cast to the keys' dtype."""
+        if self.device.type == "cpu" and {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16}:
+            out = rows_attention.attend(q, k, v, holes, 1.0, causal)
+            if out is not None:
+                return out
+        mask = holes
+        if causal and q.shape[2] > 1:
+            S, T = k.shape[2], q.shape[2]
+            slot = torch.arange(S, device=q.device)
+            mask = slot[None, :] <= slot[S - T :, None]  # [T, S]
+            mask = mask if holes is None else mask & holes
+        a = nn.functional.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=1.0)
+        return a.to(q.dtype).transpose(1, 2)
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
         hidden = self._layers(tokens, mask, positions)
