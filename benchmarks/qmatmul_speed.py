@@ -6,6 +6,7 @@ in the same rounds. The machine is shared: contenders run A B C A B C ..., start
     int8pack    torch._weight_int8pack_mm: int8 weights, one bf16 scale per output row
     int4pack    torch._weight_int4pack_mm_for_cpu: int4 weights, groups of 32 (Q4_K's sub-block), bf16 x
     fbgemm-i8   torch's dynamic int8 linear (fbgemm; activations quantized per call, fp32 in and out)
+    i8rows      specdec's int8 linear (kernels/int8_rows.py: int8 per output row, each activation row quantized alone)
     ao-i8wo     torchao Int8WeightOnlyConfig (when torchao is installed)
     inductor-i8 / inductor-i4   torch.compile(mode="max-autotune") of int8pack / int4pack (--inductor: slow
                 to compile, one compile per shape and M; the CPU GEMM templates for weight-only int8/int4)
@@ -16,6 +17,8 @@ call reads its weight from memory as a model's layer does, not from a warm cache
 
     .venv/bin/python benchmarks/qmatmul_speed.py                       # every shape, M = 1 2 5 9 16 33
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes gate_up --rows 1,9 --contenders bf16,q4_k --json out.json
+    .venv/bin/python benchmarks/qmatmul_speed.py --shapes w_qkv,w_proj,w_fc1,w_fc2,w_output --rows 1,5,11 \
+        --contenders bf16,fbgemm-i8,i8rows,q8_0      # Whisper base's decoder: transcribe --target-int8
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from specdec_cli.bench.machine import cpu_model
 # (N out, K in) of the embedded target's linear layers; q/o and k/v and gate/up share a shape
 SHAPES = {"q_o": (1536, 1536), "k_v": (256, 1536), "gate_up": (8960, 1536), "down": (1536, 8960),
           "output": (151936, 1536)}
+DEFAULT_SHAPES = ",".join(SHAPES)
+# Whisper base's decoder (transcribe --target-int8): q, k, v joined (the self draft's), a 512 × 512 projection,
+# fc1, fc2, the output layer
+SHAPES.update({"w_qkv": (1536, 512), "w_proj": (512, 512), "w_fc1": (2048, 512), "w_fc2": (512, 2048),
+               "w_output": (51865, 512)})
 
 
 def _copies(bytes_one: int, cache_mb: int) -> int:
@@ -71,6 +79,13 @@ def make_fbgemm(N, K, cache_mb):
 
     ws = [one() for _ in range(_copies(N * K, cache_mb))]
     return lambda x, i: ws[i % len(ws)](x.float())
+
+
+def make_i8rows(N, K, cache_mb):
+    from specdec_cli.kernels import int8_rows
+
+    ws = [int8_rows.pack(torch.randn(N, K)) for _ in range(_copies(N * K, cache_mb))]
+    return lambda x, i: int8_rows.mm(x, ws[i % len(ws)])
 
 
 def make_ao_i8wo(N, K, cache_mb):
@@ -119,7 +134,7 @@ def make_gguf(qtype):
 
 
 CONTENDERS = {"bf16": make_bf16, "int8pack": make_int8pack, "int4pack": make_int4pack, "fbgemm-i8": make_fbgemm,
-              "ao-i8wo": make_ao_i8wo, "inductor-i8": make_inductor("i8"), "inductor-i4": make_inductor("i4")}
+              "i8rows": make_i8rows, "ao-i8wo": make_ao_i8wo, "inductor-i8": make_inductor("i8"), "inductor-i4": make_inductor("i4")}
 GGUF_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 CONTENDERS.update({t: make_gguf(t) for t in GGUF_TYPES})
 
@@ -147,7 +162,7 @@ def measure(fns: dict, x: torch.Tensor, rounds: int, target_s: float) -> dict[st
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--rows", default="1,2,5,9,16,33")
     ap.add_argument("--contenders", default="bf16,int8pack,int4pack,fbgemm-i8,ao-i8wo,q4_k,q6_k")
     ap.add_argument("--inductor", action="store_true", help="add inductor-i8,inductor-i4 (minutes of compiling)")

@@ -53,17 +53,26 @@ struct Call {
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }  // exact
 
+// rint(v) for |v| < 2²²: adding 1.5 · 2²³ leaves no fraction bits, so the sum rounds v to the nearest integer, ties to
+// even (what nearbyint does, without a call into libm on a baseline x86-64 build)
+inline float rint_small(float v) { return (v + 12582912.f) - 12582912.f; }
+
+// q_k from x_k (|x_k · inv| ≤ 127 up to a rounding), k0 … K − 1
+template <typename T>
+void quantize_tail(const T* x, int64_t k0, int64_t K, float inv, int8_t* q, uint8_t* u) {
+  for (int64_t k = k0; k < K; k++) {
+    const float v = std::min(127.f, std::max(-127.f, rint_small(widen(x[k]) * inv)));
+    q[k] = (int8_t)v;
+    if (u) u[k] = (uint8_t)(q[k] + 128);
+  }
+}
+
 template <typename T>
 void quantize_row(const T* x, int64_t K, int8_t* q, uint8_t* u, float* s) {
   float a = 0.f;
   for (int64_t k = 0; k < K; k++) a = std::max(a, std::fabs(widen(x[k])));
-  const float inv = a > 0.f ? 127.f / a : 0.f;
   *s = a / 127.f;
-  for (int64_t k = 0; k < K; k++) {
-    const float v = std::min(127.f, std::max(-127.f, std::nearbyint(widen(x[k]) * inv)));
-    q[k] = (int8_t)v;
-    if (u) u[k] = (uint8_t)(q[k] + 128);
-  }
+  quantize_tail(x, 0, K, a > 0.f ? 127.f / a : 0.f, q, u);
 }
 
 // the 16 outputs of block nb for rows m0 … m0 + mt − 1 from their exact dots
@@ -136,6 +145,31 @@ AVX2_FN void block_avx2(const Call& c, int64_t nb, int64_t m0, int mt) {
 }
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
+
+VNNI_FN inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+VNNI_FN inline __m512 load16(const c10::BFloat16* p) {  // exact
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// quantize_row's values, 16 at a time (max is exact in any order; roundscale rounds to nearest even as rint_small)
+template <typename T>
+VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int8_t* q, uint8_t* u, float* s) {
+  const int64_t K16 = K / 16 * 16;
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K16; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(load16(x + k)));
+  float a = _mm512_reduce_max_ps(m);
+  for (int64_t k = K16; k < K; k++) a = std::max(a, std::fabs(widen(x[k])));
+  *s = a / 127.f;
+  const float inv = a > 0.f ? 127.f / a : 0.f;
+  const __m512 vinv = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+  for (int64_t k = 0; k < K16; k += 16) {
+    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(load16(x + k), vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, v))));
+    _mm_storeu_si128((__m128i*)(q + k), b);
+    _mm_storeu_si128((__m128i*)(u + k), _mm_xor_si128(b, _mm_set1_epi8((char)0x80)));  // q + 128
+  }
+  quantize_tail(x, K16, K, inv, q, u);
+}
 
 // bf16 bits of 16 floats, rounded to nearest even as c10::BFloat16 rounds (a NaN: 0x7FC0)
 VNNI_FN inline __m256i bf16_bits(__m512 v) {
@@ -227,7 +261,12 @@ std::string backend() {
 template <typename T>
 void quantize_rows(const T* x, Call& c, int8_t* xq, uint8_t* xu, float* xs) {
   at::parallel_for(0, c.M, 64, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; m++) quantize_row<T>(x + m * c.K, c.K, xq + m * c.K, xu ? xu + m * c.K : nullptr, xs + m);
+    for (int64_t m = m0; m < m1; m++) {
+#if I8_X86
+      if (xu) { quantize_row_avx512<T>(x + m * c.K, c.K, xq + m * c.K, xu + m * c.K, xs + m); continue; }
+#endif
+      quantize_row<T>(x + m * c.K, c.K, xq + m * c.K, nullptr, xs + m);
+    }
   });
 }
 
