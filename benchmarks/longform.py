@@ -6,6 +6,8 @@ tasks.transcribe.joined_librivox) and its reference. Contenders (greedy, English
     specdec default             `specdec transcribe` with the CLI's defaults (exact, the self draft, batch 1)
     specdec --batch-size 4      the same, four 30 s windows decoded together
     specdec autoregressive b4   the target alone, batch 4
+    specdec --target-int8 b4    the int8 target (decoder and output layer: models/int8.py) with its self draft, batch 4
+    specdec --target-int8 autoregressive b4   the int8 target alone, batch 4
     fw int8 batched 4           faster-whisper's BatchedInferencePipeline, int8, batch 4 (its VAD chunking on, as
                                 its defaults have it), beam 1
     fw int8                     faster-whisper's WhisperModel, int8, sequential, beam 1, no VAD
@@ -49,9 +51,13 @@ def main(argv=None) -> int:
     opts = TranscribeOptions()
     target, draft = task.load_pair(opts, progress=False)
 
-    def specdec(**overrides):
+    target8, draft8 = task.load_pair(opts.replace(target_int8=True), progress=False)
+
+    def specdec(int8=False, **overrides):
+        t, d = (target8, draft8) if int8 else (target, draft)
+
         def run() -> str:
-            return task.transcribe(target, draft if overrides.get("mode") != "autoregressive" else None, ["long"],
+            return task.transcribe(t, d if overrides.get("mode") != "autoregressive" else None, ["long"],
                                    opts, audios=[audio], **overrides)[0].text
         return run
 
@@ -75,6 +81,8 @@ def main(argv=None) -> int:
 
     contenders = {"specdec default": specdec(), "specdec --batch-size 4": specdec(batch_size=4),
                   "specdec autoregressive b4": specdec(mode="autoregressive", batch_size=4),
+                  "specdec --target-int8 b4": specdec(int8=True, batch_size=4),
+                  "specdec --target-int8 autoregressive b4": specdec(int8=True, mode="autoregressive", batch_size=4),
                   "fw int8 batched 4": fw_run(4), "fw int8": fw_run(1)}
     for run in contenders.values():  # warm: kernels built, caches filled
         run()

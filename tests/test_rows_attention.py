@@ -100,6 +100,19 @@ def test_threads_and_cross_attention(build):
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
+def test_bf16_keys_give_their_fp32_copys_bits(build):
+    """K/V held in bf16 and the same values in fp32 give the same output bit for bit (each is widened exactly):
+    Whisper's cross-attention keeps its bf16-computed K/V in bf16 where the kernel runs
+    (models.whisper.cross_attention_dtype), which must not change a transcript."""
+    attend = BUILDS[build]()
+    q, k, v, _ = case(2, 8, 8, 64, 3, 1500, torch.bfloat16, torch.bfloat16, None, seed=5)
+    for causal in (False, True):
+        assert torch.equal(attend(q, k, v, None, 0.125, causal), attend(q, k.float(), v.float(), None, 0.125, causal))
+        assert torch.equal(attend(q[:, :, :1], k, v, None, 0.125, causal),
+                           attend(q[:, :, :1], k.float(), v.float(), None, 0.125, causal))
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
 def test_hidden_slots_never_reach_a_row(build):
     """A padded slot's V (NaN here) is skipped, not multiplied by 0; a row that sees no key gives 0."""
     attend = BUILDS[build]()

@@ -160,10 +160,11 @@ class LeanDecoder(Decoder):
 
     def _attend(self, q, k, v, holes, causal: bool) -> torch.Tensor:
         """q [B, heads, T, head_dim] over k, v [B, heads, S, head_dim] (causal: q's rows are the last T of the S
-        slots), holes [B, 1, 1, S] bool or None -> [B, T, heads, head_dim] in q's dtype. On a CPU the rows kernel
-        (one query over 1 500 frames: ~50 µs against torch's ~100 µs per call, 12 calls a step), else sdpa with the
-        query cast to the keys' dtype."""
-        if self.device.type == "cpu" and {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16}:
+        slots), holes [B, 1, 1, S] bool or None -> [B, T, heads, head_dim] in q's dtype. A step on a CPU: the rows
+        kernel (one query over 1 500 frames: ~50 µs against torch's ~100 µs, 12 calls a step); otherwise sdpa, in
+        fp32 on a CPU (the kernel computes each row alone: 11 rows cost it ~1.5× sdpa, and a catch-up after plain
+        steps reads hundreds; torch's bf16 kernel is ~8× slower there: models.whisper.cross_attention_dtype)."""
+        if q.shape[2] == 1 and self.device.type == "cpu" and {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16}:
             out = rows_attention.attend(q, k, v, holes, 1.0, causal)
             if out is not None:
                 return out
@@ -173,7 +174,8 @@ class LeanDecoder(Decoder):
             slot = torch.arange(S, device=q.device)
             mask = slot[None, :] <= slot[S - T :, None]  # [T, S]
             mask = mask if holes is None else mask & holes
-        a = nn.functional.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=1.0)
+        dtype = torch.float32 if q.device.type == "cpu" else k.dtype
+        a = nn.functional.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask, scale=1.0)
         return a.to(q.dtype).transpose(1, 2)
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 
 from specdec_cli import internals, options
 from specdec_cli.errors import SpecdecError, first_line
+from specdec_cli.kernels import rows_attention
 from specdec_cli.models import whisper_convert
 from specdec_cli.models.loading import Family, LoadedModel, load_model
 from specdec_cli.models.progress import status
@@ -26,15 +27,20 @@ TIME_PER_TOKEN = 0.02  # seconds between timestamp tokens: <|0.00|>, <|0.02|>, .
 
 
 def cross_attention_dtype(model) -> torch.dtype:
-    """The dtype Whisper's cross-attention runs in: float32 on a CPU for a bf16/fp16 model with sdpa
-    attention, else the model's. torch's CPU sdpa is ~8× slower in bf16 than in fp32 for a few queries over
-    the 1 500 encoder frames (1 303 against 168 µs, Whisper base's 8 heads, one thread of an AMD EPYC; 851
-    against 89 µs with two), so the frames' keys and values are kept in fp32 once per window (cross_kv) and
-    each query is cast up (its output back down). The target's steps and passes, and the lean draft, all
-    compute so: one rule, so that autoregressive and speculative decoding compute alike."""
+    """The dtype the frames' cross-attention keys and values are kept in (cross_kv): the model's, except float32
+    on a CPU for a bf16 model with sdpa attention where the rows kernel (kernels/rows_attention) did not build, and
+    for an fp16 one. torch's CPU sdpa is ~8× slower in bf16 than in fp32 for a few queries over the 1 500 encoder
+    frames (1 303 against 168 µs, Whisper base's 8 heads, one thread of an AMD EPYC; 851 against 89 µs with two),
+    so without the kernel the K/V (computed in bf16, so fp32 holds them exactly) are kept in fp32 once per window
+    and each query is cast up. The kernel reads bf16 K/V widened exactly: the same values, so the same bits as
+    from the fp32 copy, in half the bytes (a step reads every layer's: 6 MB a layer in fp32 for Whisper base).
+    The target's steps and passes, and the lean draft, all read these: one rule, so that autoregressive and
+    speculative decoding compute alike."""
     low = model.dtype in (torch.bfloat16, torch.float16)
     sdpa = internals.attention_implementation(model.config) == "sdpa"
-    return torch.float32 if low and sdpa and model.device.type == "cpu" else model.dtype
+    if not (low and sdpa and model.device.type == "cpu"):
+        return model.dtype
+    return model.dtype if model.dtype == torch.bfloat16 and rows_attention.KERNEL.module() is not None else torch.float32
 
 
 class WhisperFamily(Family):

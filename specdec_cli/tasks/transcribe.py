@@ -33,8 +33,8 @@ Exactness: greedy output is the autoregressive output, token for token. The targ
 gives every row bit for bit the logits a one-token step gives in bf16 (ExactScorer: attention row by row, a lone
 row through a linear layer computed as two), so verification compares the draft with exactly the autoregressive
 logits. (In fp32 MKL rounds a many-row GEMM differently from a one-row GEMV: only a tie within that rounding
-could flip.) Cross-attention runs in fp32 on a CPU (models.whisper.cross_attention_dtype: ~8× faster than
-torch's bf16 kernel for a few queries), in every mode alike.
+could flip.) Cross-attention runs in fp32 on a CPU (the rows kernel, on K/V kept in bf16 where it builds, else torch's
+sdpa on an fp32 copy: models.whisper.cross_attention_dtype), in every mode alike.
 """
 
 from __future__ import annotations
