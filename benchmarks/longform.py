@@ -13,7 +13,8 @@ tasks.transcribe.joined_librivox) and its reference. Contenders (greedy, English
     fw int8                     faster-whisper's WhisperModel, int8, sequential, beam 1, no VAD
 
 Each round runs every contender once (the start rotating); the best of the rounds counts; WER against the
-reference (bench.metrics.wer), and the words each contender transcribed.
+reference (bench.metrics.wer), and the words each contender transcribed. Each tool runs in a worker process of its
+own (serve), the rounds interleaved from here.
 
     .venv/bin/python benchmarks/longform.py --rounds 2 --out benchmarks/longform-5min.json
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,64 @@ from specdec_cli.bench.machine import cpu_model, load_average
 from specdec_cli.bench.metrics import wer
 from specdec_cli.options import TranscribeOptions
 from specdec_cli.tasks import transcribe as task
+
+
+def specdec_contenders(audio) -> dict:
+    """specdec's contenders, models loaded once (load excluded from the times)."""
+    opts = TranscribeOptions()
+    target, draft = task.load_pair(opts, progress=False)
+    target8, draft8 = task.load_pair(opts.replace(target_int8=True), progress=False)
+
+    def specdec(int8=False, **overrides):
+        t, d = (target8, draft8) if int8 else (target, draft)
+
+        def run() -> str:
+            return task.transcribe(t, d if overrides.get("mode") != "autoregressive" else None, ["long"],
+                                   opts, audios=[audio], **overrides)[0].text
+        return run
+
+    return {"specdec default": specdec(), "specdec --batch-size 4": specdec(batch_size=4),
+            "specdec autoregressive b4": specdec(mode="autoregressive", batch_size=4),
+            "specdec --target-int8 b4": specdec(int8=True, batch_size=4),
+            "specdec --target-int8 autoregressive b4": specdec(int8=True, mode="autoregressive", batch_size=4)}
+
+
+def fw_contenders(audio) -> dict:
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from specdec_cli.models.whisper_convert import ensure_ct2
+
+    fw = WhisperModel(str(ensure_ct2("base")), device="cpu", compute_type="int8", cpu_threads=torch.get_num_threads())
+    batched = BatchedInferencePipeline(fw)
+
+    def fw_run(batch: int):
+        def run() -> str:
+            if batch > 1:
+                segments, _ = batched.transcribe(audio, language="en", beam_size=1, batch_size=batch,
+                                                 without_timestamps=True)
+            else:
+                segments, _ = fw.transcribe(audio, language="en", beam_size=1, temperature=0.0, without_timestamps=True,
+                                            condition_on_previous_text=False, vad_filter=False)
+            return " ".join(s.text.strip() for s in segments if s.text.strip())
+        return run
+
+    return {"fw int8 batched 4": fw_run(4), "fw int8": fw_run(1)}
+
+
+def serve(kind: str, repeats: int, conn) -> None:
+    """A worker process for one tool's contenders: sends their names once built and warm, then (seconds, text) for
+    each name it is sent, until None. One process per tool: faster-whisper's thread pools, once they have run,
+    slowed torch's decoding in the same process by ~25 % (int8 target, batch 4: 4.8 → 6.0 s), so the tools do not
+    share one."""
+    audio, _ = task.joined_librivox(repeats)
+    contenders = (specdec_contenders if kind == "specdec" else fw_contenders)(audio)
+    for run in contenders.values():  # warm: kernels built, caches filled
+        run()
+    conn.send(list(contenders))
+    while (name := conn.recv()) is not None:
+        t0 = time.perf_counter()
+        text = contenders[name]()
+        conn.send((time.perf_counter() - t0, text))
 
 
 def main(argv=None) -> int:
@@ -48,55 +108,29 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     print(f"# {cpu_model()}, {threads} threads; {len(audio) / 16000:.0f} s of audio", flush=True)
 
-    opts = TranscribeOptions()
-    target, draft = task.load_pair(opts, progress=False)
-
-    target8, draft8 = task.load_pair(opts.replace(target_int8=True), progress=False)
-
-    def specdec(int8=False, **overrides):
-        t, d = (target8, draft8) if int8 else (target, draft)
-
-        def run() -> str:
-            return task.transcribe(t, d if overrides.get("mode") != "autoregressive" else None, ["long"],
-                                   opts, audios=[audio], **overrides)[0].text
-        return run
-
-    from faster_whisper import BatchedInferencePipeline, WhisperModel
-
-    from specdec_cli.models.whisper_convert import ensure_ct2
-
-    fw = WhisperModel(str(ensure_ct2("base")), device="cpu", compute_type="int8", cpu_threads=threads)
-    batched = BatchedInferencePipeline(fw)
-
-    def fw_run(batch: int):
-        def run() -> str:
-            if batch > 1:
-                segments, _ = batched.transcribe(audio, language="en", beam_size=1, batch_size=batch,
-                                                 without_timestamps=True)
-            else:
-                segments, _ = fw.transcribe(audio, language="en", beam_size=1, temperature=0.0, without_timestamps=True,
-                                            condition_on_previous_text=False, vad_filter=False)
-            return " ".join(s.text.strip() for s in segments if s.text.strip())
-        return run
-
-    contenders = {"specdec default": specdec(), "specdec --batch-size 4": specdec(batch_size=4),
-                  "specdec autoregressive b4": specdec(mode="autoregressive", batch_size=4),
-                  "specdec --target-int8 b4": specdec(int8=True, batch_size=4),
-                  "specdec --target-int8 autoregressive b4": specdec(int8=True, mode="autoregressive", batch_size=4),
-                  "fw int8 batched 4": fw_run(4), "fw int8": fw_run(1)}
-    for run in contenders.values():  # warm: kernels built, caches filled
-        run()
-    names = list(contenders)
+    ctx = multiprocessing.get_context("spawn")
+    workers, owner = {}, {}
+    for kind in ("specdec", "fw"):  # one at a time: loading and warming are not timed, but they share the cores
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=serve, args=(kind, args.repeats, there), daemon=True)
+        proc.start()
+        workers[kind] = (proc, here)
+        owner.update(dict.fromkeys(here.recv(), kind))
+    names = list(owner)
     times: dict[str, list[float]] = {n: [] for n in names}
     texts: dict[str, str] = {}
     loads = []
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            texts[name] = contenders[name]()
-            times[name].append(time.perf_counter() - t0)
+            conn = workers[owner[name]][1]
+            conn.send(name)
+            seconds, texts[name] = conn.recv()
+            times[name].append(seconds)
         loads.append(load_average())
         print(f"round {r + 1}: " + "; ".join(f"{n} {times[n][-1]:.2f} s" for n in names), flush=True)
+    for proc, conn in workers.values():
+        conn.send(None)
+        proc.join()
     ref_words = len(reference.split())
     print(f"\n{cpu_model()}, {threads} threads, load {min(loads):.1f}–{max(loads):.1f}, best of {args.rounds}; "
           f"{len(audio) / 16000:.0f} s, {ref_words} reference words\n")
