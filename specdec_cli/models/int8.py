@@ -5,9 +5,10 @@ autoregressive output, token for token.
 
 torch's dynamic int8 linear (fbgemm), used before, quantized a call's activations with one scale over all its rows:
 a pass could round a row otherwise than a step, and the int8 speculative transcript of the 74 s recording differed
-from the int8 autoregressive one. Per call, 2 threads of an AMD EPYC (AVX-512 VNNI), Whisper base's shapes, ms
-(int8_rows | fbgemm | bf16 nn.Linear): output layer 51 865 × 512, 1 row 0.28 | 0.27 | 1.7, 11 rows 0.53 | 0.80 |
-2.2; fc1 2048 × 512, 1 row 0.008 | 0.026 | 0.051, 11 rows 0.032 | 0.040 | 0.065 (benchmarks/README.md).
+from the int8 autoregressive one. Per call, 2 threads of an AMD EPYC (AVX-512 VNNI), Whisper base's shapes, weights
+read from memory, ms (int8_rows | fbgemm | bf16 F.linear; benchmarks/qmatmul_speed.py, benchmarks/README.md):
+output layer 51 865 × 512, 1 row 0.58 | 0.57 | 2.8, 11 rows 0.72 | 1.08 | 3.6; fc1 2048 × 512, 1 row 0.029 | 0.048 |
+0.132, 11 rows 0.053 | 0.071 | 0.163.
 
 The encoder stays as it is: over its 1 500 frames fbgemm's int8 was no faster than bf16 (0.36 against 0.38 s per 30 s
 window), and one activation scale per call over frames with Whisper's outlier activations moved the encoder's output
