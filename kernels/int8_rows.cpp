@@ -43,8 +43,8 @@ struct Call {
   const int32_t* wsum;   // [N128]: Σ_k w_nk
   const float* ws;       // [N]: s_n
   const float* bias;     // [N] fp32, or null
-  const int8_t* xq;      // [M, K]: q
-  const uint8_t* xu;     // [M, K]: q + 128 (the VNNI path's)
+  const int8_t* xq;      // [M, K]: q (the portable and AVX2 paths'), or null
+  const uint8_t* xu;     // [M, K]: q + 128 (the VNNI path's), or null
   const float* xs;       // [M]: s_m
   float* y;              // [M, N] fp32, or null: then
   uint16_t* yb;          // [M, N] bf16
@@ -57,22 +57,22 @@ inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }  // exact
 // even (what nearbyint does, without a call into libm on a baseline x86-64 build)
 inline float rint_small(float v) { return (v + 12582912.f) - 12582912.f; }
 
-// q_k from x_k (|x_k · inv| ≤ 127 up to a rounding), k0 … K − 1
+// q_k from x_k (|x_k · inv| ≤ 127 up to a rounding), k0 … K − 1, into q, or as q_k + 128 into u where q is null
 template <typename T>
 void quantize_tail(const T* x, int64_t k0, int64_t K, float inv, int8_t* q, uint8_t* u) {
   for (int64_t k = k0; k < K; k++) {
-    const float v = std::min(127.f, std::max(-127.f, rint_small(widen(x[k]) * inv)));
-    q[k] = (int8_t)v;
-    if (u) u[k] = (uint8_t)(q[k] + 128);
+    const int8_t v = (int8_t)std::min(127.f, std::max(-127.f, rint_small(widen(x[k]) * inv)));
+    if (q) q[k] = v;
+    else u[k] = (uint8_t)(v + 128);
   }
 }
 
 template <typename T>
-void quantize_row(const T* x, int64_t K, int8_t* q, uint8_t* u, float* s) {
+void quantize_row(const T* x, int64_t K, int8_t* q, float* s) {
   float a = 0.f;
   for (int64_t k = 0; k < K; k++) a = std::max(a, std::fabs(widen(x[k])));
   *s = a / 127.f;
-  quantize_tail(x, 0, K, a > 0.f ? 127.f / a : 0.f, q, u);
+  quantize_tail(x, 0, K, a > 0.f ? 127.f / a : 0.f, q, nullptr);
 }
 
 // the 16 outputs of block nb for rows m0 … m0 + mt − 1 from their exact dots
@@ -151,9 +151,10 @@ VNNI_FN inline __m512 load16(const c10::BFloat16* p) {  // exact
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// quantize_row's values, 16 at a time (max is exact in any order; roundscale rounds to nearest even as rint_small)
+// quantize_row's values + 128 into u, 16 at a time (max is exact in any order; roundscale rounds to nearest even as
+// rint_small)
 template <typename T>
-VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int8_t* q, uint8_t* u, float* s) {
+VNNI_FN void quantize_row_avx512(const T* x, int64_t K, uint8_t* u, float* s) {
   const int64_t K16 = K / 16 * 16;
   __m512 m = _mm512_setzero_ps();
   for (int64_t k = 0; k < K16; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(load16(x + k)));
@@ -165,10 +166,9 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int8_t* q, uint8_t* u, f
   for (int64_t k = 0; k < K16; k += 16) {
     __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(load16(x + k), vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, v))));
-    _mm_storeu_si128((__m128i*)(q + k), b);
     _mm_storeu_si128((__m128i*)(u + k), _mm_xor_si128(b, _mm_set1_epi8((char)0x80)));  // q + 128
   }
-  quantize_tail(x, K16, K, inv, q, u);
+  quantize_tail(x, K16, K, inv, nullptr, u);
 }
 
 // bf16 bits of 16 floats, rounded to nearest even as c10::BFloat16 rounds (a NaN: 0x7FC0)
@@ -217,7 +217,8 @@ VNNI_FN void block_avx512_r(const Call& c, int64_t nb, int64_t m0) {
   }
 }
 
-// blocks nb … nb + NBW − 1 (NBW = WIDE / R rounded down to 8, 4, 2, 1) for rows m0 … m0 + mt − 1
+// blocks nb … nb + NBW − 1 for rows m0 … m0 + mt − 1 (mm chooses NBW from the rows of a sweep: 1 → 8, 2 → 4,
+// 3–4 → 2, more → 1)
 template <int NBW>
 VNNI_FN void blocks_avx512(const Call& c, int64_t nb, int64_t m0, int mt) {
   switch (mt) {
@@ -258,14 +259,15 @@ std::string backend() {
   return "portable C++";
 }
 
+// every row of x [M, K]: q into xq, or q + 128 into xu where xq is null (the VNNI path); s into xs
 template <typename T>
-void quantize_rows(const T* x, Call& c, int8_t* xq, uint8_t* xu, float* xs) {
-  at::parallel_for(0, c.M, 64, [&](int64_t m0, int64_t m1) {
+void quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, uint8_t* xu, float* xs) {
+  at::parallel_for(0, M, 64, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
 #if I8_X86
-      if (xu) { quantize_row_avx512<T>(x + m * c.K, c.K, xq + m * c.K, xu + m * c.K, xs + m); continue; }
+      if (!xq) { quantize_row_avx512<T>(x + m * K, K, xu + m * K, xs + m); continue; }
 #endif
-      quantize_row<T>(x + m * c.K, c.K, xq + m * c.K, nullptr, xs + m);
+      quantize_row<T>(x + m * K, K, xq + m * K, xs + m);
     }
   });
 }
@@ -295,30 +297,32 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, torch::Tensor wsum, torch::Te
     TORCH_CHECK(b.numel() == N, "int8_rows: bias must have N elements");
   }
   if (M == 0) return y;
-  std::vector<int8_t> xq(M * K);
-  std::vector<uint8_t> xu(path == AVX512VNNI ? M * K : 0);
+  const bool vnni = path == AVX512VNNI;  // it reads q + 128, the other paths q
+  std::vector<int8_t> xq(vnni ? 0 : M * K);
+  std::vector<uint8_t> xu(vnni ? M * K : 0);
   std::vector<float> xs(M);
+  int8_t* xqp = vnni ? nullptr : xq.data();
+  uint8_t* xup = vnni ? xu.data() : nullptr;
   Call c{M, N, K, NB, w.data_ptr<int8_t>(), wsum.data_ptr<int32_t>(), ws.data_ptr<float>(),
-         b.defined() ? b.data_ptr<float>() : nullptr, xq.data(), xu.empty() ? nullptr : xu.data(), xs.data(),
-         nullptr, nullptr};
+         b.defined() ? b.data_ptr<float>() : nullptr, xqp, xup, xs.data(), nullptr, nullptr};
   if (x.scalar_type() == at::kFloat) {
-    quantize_rows<float>(x2.data_ptr<float>(), c, xq.data(), c.xu ? xu.data() : nullptr, xs.data());
+    quantize_rows<float>(x2.data_ptr<float>(), M, K, xqp, xup, xs.data());
     c.y = y.data_ptr<float>();
   } else {
-    quantize_rows<c10::BFloat16>(x2.data_ptr<c10::BFloat16>(), c, xq.data(), c.xu ? xu.data() : nullptr, xs.data());
+    quantize_rows<c10::BFloat16>(x2.data_ptr<c10::BFloat16>(), M, K, xqp, xup, xs.data());
     c.yb = (uint16_t*)y.data_ptr<c10::BFloat16>();
   }
   // rows in balanced sweeps of ≤ MT (11 rows: 6 + 5); on AVX-512, NBW blocks at a time where a sweep has few rows
   // (more independent chains); groups of NBW blocks over threads, ≥ ~64 K multiply-adds a task
   const int64_t sweeps = (M + MT - 1) / MT, rows = (M + sweeps - 1) / sweeps;
-  const int nbw = path == AVX512VNNI ? (rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1) : 1;
+  const int nbw = vnni ? (rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1) : 1;
   const int64_t grain = std::max<int64_t>(1, 65536 / (16 * K * nbw * std::min<int64_t>(M, MT)));
   at::parallel_for(0, NB / nbw, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; g++)
       for (int64_t m0 = 0; m0 < M; m0 += rows) {
         const int mt = (int)std::min<int64_t>(rows, M - m0);
 #if I8_X86
-        if (path == AVX512VNNI) {
+        if (vnni) {
           switch (nbw) {
             case 8: blocks_avx512<8>(c, g * 8, m0, mt); break;
             case 4: blocks_avx512<4>(c, g * 4, m0, mt); break;
