@@ -41,6 +41,21 @@ def torch_threads(n: int):
         torch.set_num_threads(saved)
 
 
+def unbuildable(monkeypatch, kernel_module) -> None:
+    """Give `kernel_module` (kernels/qmatmul, rows_attention, int8_rows: a module with KERNEL and SOURCE) a fresh
+    cpp.Extension whose build fails as it does without a compiler, so its fallback runs and says so once."""
+    from specdec_cli.kernels import cpp
+
+    old = kernel_module.KERNEL
+    kernel = cpp.Extension(old.name, kernel_module.SOURCE, [], old.fallback)
+
+    def broken():
+        raise RuntimeError(f"Error building extension '{old.name}'\nc++: not found")
+
+    monkeypatch.setattr(kernel, "build", broken)
+    monkeypatch.setattr(kernel_module, "KERNEL", kernel)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a module of tiny models (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import torch_threads
+from conftest import torch_threads, unbuildable
 from specdec_cli.errors import SpecdecWarning
-from specdec_cli.kernels import cpp, int8_rows
+from specdec_cli.kernels import int8_rows
 
 ROWS = (1, 2, 3, 4, 5, 8, 9, 11, 17, 40)  # 1–8 rows take 8, 4, 2, 1 blocks at a time; more rows go in balanced sweeps
 N, K = 300, 520  # N past a group of 128 rows and not a multiple of 16; K a multiple of 8, not of 16
@@ -93,13 +93,7 @@ def test_a_failed_build_falls_back_to_the_twin(monkeypatch):
     packed = int8_rows.pack(weight(4, 20, 64))
     x = torch.randn(3, 64)
     want = int8_rows.twin(x, packed)
-
-    def broken():
-        raise RuntimeError("Error building extension 'int8_rows'\nc++: not found")
-
-    kernel = cpp.Extension("int8_rows", int8_rows.SOURCE, [], "its torch twin runs instead")
-    monkeypatch.setattr(kernel, "build", broken)
-    monkeypatch.setattr(int8_rows, "KERNEL", kernel)
+    unbuildable(monkeypatch, int8_rows)
     with pytest.warns(SpecdecWarning) as said:
         assert torch.equal(int8_rows.mm(x, packed), want)
         int8_rows.mm(x, packed)  # said once

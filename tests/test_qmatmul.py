@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import torch_threads
+from conftest import torch_threads, unbuildable
 from specdec_cli.errors import SpecdecWarning
 from specdec_cli.kernels import cpp, qmatmul
 from specdec_cli.kernels import gguf_blocks as gb
@@ -135,13 +135,7 @@ def test_a_failed_build_falls_back_to_the_twin(monkeypatch):
     blocks = gb.random_blocks("q6_k", N, K)
     x = torch.randn(3, K)
     want = qmatmul.gguf_mm(x, blocks, "q6_k", N, K)
-
-    def broken():
-        raise RuntimeError("Error building extension 'qmatmul'\nc++: not found")
-
-    kernel = cpp.Extension("qmatmul", qmatmul.SOURCE, [], "its torch twin runs instead")
-    monkeypatch.setattr(kernel, "build", broken)
-    monkeypatch.setattr(qmatmul, "KERNEL", kernel)
+    unbuildable(monkeypatch, qmatmul)
     with pytest.warns(SpecdecWarning) as said:
         assert torch.equal(qmatmul.gguf_mm(x, blocks, "q6_k", N, K), want)
         qmatmul.gguf_mm(x, blocks, "q6_k", N, K)  # said once

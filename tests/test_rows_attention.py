@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from conftest import torch_threads
+from conftest import torch_threads, unbuildable
 from specdec_cli.errors import SpecdecWarning
 from specdec_cli.kernels import cpp, rows_attention
 
@@ -132,9 +132,7 @@ def test_a_failed_build_falls_back_to_torch(monkeypatch):
     q, k, v, _ = case(1, 4, 2, 32, 3, 20, torch.float32, torch.float32, None, seed=5)
     module = torch.nn.Module()
     module.is_causal, module.num_key_value_groups = True, 2
-    kernel = cpp.Extension("rows_attention", rows_attention.SOURCE, [], "attention runs through torch")
-    monkeypatch.setattr(kernel, "build", lambda: (_ for _ in ()).throw(RuntimeError("c++: not found")))
-    monkeypatch.setattr(rows_attention, "KERNEL", kernel)
+    unbuildable(monkeypatch, rows_attention)
     with pytest.warns(SpecdecWarning, match="did not build.*c\\+\\+: not found"):
         out, _ = exact_rows.fp32_by_rows(module, q, k, v, None, scaling=0.2)
     want, _ = exact_rows.sdpa_by_rows(module, q, k, v, None, one_query_dtype=torch.float32, scaling=0.2)
