@@ -9,10 +9,13 @@
 //   s_j         16 lane sums over d with d mod 16 = l, each a chain of fma(q_d, k_jd, ·) in d order, then
 //               tree16 (a_l + a_l+8, then + 4, + 2, + 1); times scale; + mask
 //   softmax     m = max s_j;  e_j = exp(s_j − m) (exp_poly, below);  l = tree16 of 16 lane sums of e_j, j mod 16
-//   out_d       Σ e_j · v_jd as a chain of fma in j order, then / l; 0 where no key is shown
+//   out_d       Σ e_j · v_jd as a chain of fma in j order over the keys with e_j ≠ 0, then / l; 0 where no key is
+//               shown
 //
-// q, K and V are read in their own dtype (fp32 or bf16, widened exactly). Rows are spread over threads; one row is
-// computed by one thread. GQA: head h reads KV head h / (H / KVH).
+// q, K and V are read in their own dtype (fp32 or bf16, widened exactly). GQA: head h reads KV head h / (H / KVH).
+// The work: groups of (the heads of one KV head) × (a block of rows), spread over threads, each computed by one
+// thread; a group's members share the loads of K and V (and, with AVX-512, the reductions of 16 keys' dots),
+// never an operation of their arithmetic.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -68,7 +71,7 @@ inline float exp_poly(float x) {
 #include <immintrin.h>
 #define SIMD16 1
 #if defined(__AVX512F__)
-constexpr int KEYS = 2;  // keys per step of the grouped dot: 2 · G chains in 32 registers
+constexpr int ACCS = 24;  // accumulators the 32 zmm registers hold beside their operands
 struct V { __m512 a; };
 inline V vset(float x) { return {_mm512_set1_ps(x)}; }
 inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
@@ -78,6 +81,9 @@ inline V vload(const c10::BFloat16* p) {
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.a); }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.a, b.a, c.a)}; }
 inline V vadd(V a, V b) { return {_mm512_add_ps(a.a, b.a)}; }
+inline V vfma_if(bool live, V a, V b, V c) {  // c where !live
+  return {_mm512_mask3_fmadd_ps(a.a, b.a, c.a, (__mmask16)-(int)live)};
+}
 inline V vmul(V a, V b) { return {_mm512_mul_ps(a.a, b.a)}; }
 inline V vsub(V a, V b) { return {_mm512_sub_ps(a.a, b.a)}; }
 inline V vdiv(V a, V b) { return {_mm512_div_ps(a.a, b.a)}; }
@@ -90,7 +96,7 @@ inline V vmul_live(V x, V p, V two_n) {  // p · 2ⁿ where x > −87.3, else 0
 }
 inline __m256 half_sum(V v) { return _mm256_add_ps(_mm512_castps512_ps256(v.a), _mm512_extractf32x8_ps(v.a, 1)); }
 #else
-constexpr int KEYS = 1;  // 16 ymm registers: one key at a time
+constexpr int ACCS = 6;  // the 16 ymm registers: six two-ymm accumulators beside their operands
 struct V { __m256 lo, hi; };  // lanes 0–7, 8–15
 inline V vset(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -101,6 +107,9 @@ inline V vload(const c10::BFloat16* p) { return {bf8(p), bf8(p + 8)}; }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
 inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline V vadd(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V vfma_if(bool live, V a, V b, V c) {  // c where !live
+  return live ? vfma(a, b, c) : c;
+}
 inline V vmul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 inline V vsub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline V vdiv(V a, V b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
@@ -144,22 +153,11 @@ struct Args {
   void* out;                           // [B, T, H, D] contiguous, q's dtype
 };
 
-// s[j] = q · k_j for j < end (a hidden key's too: the mask drops it after), q widened in qf
+// s[j] = q · k_j for j < end (a hidden key's too: the mask drops it after), q widened in qf; key by key (the keys
+// after the last full block of group(), or all of them where D % 16 ≠ 0 or without SIMD)
 template <typename TK>
 void dots(const float* qf, const TK* k, int64_t kstride, int64_t end, int64_t D, float* s) {
-  int64_t j0 = 0;
-#if SIMD16
-  if (D % 16 == 0)
-    for (; j0 + 4 <= end; j0 += 4) {  // four keys at a time: four independent chains
-      V acc[4] = {vset(0.f), vset(0.f), vset(0.f), vset(0.f)};
-      for (int64_t d = 0; d < D; d += 16) {
-        const V qv = vload(qf + d);
-        for (int i = 0; i < 4; i++) acc[i] = vfma(qv, vload(k + (j0 + i) * kstride + d), acc[i]);
-      }
-      for (int i = 0; i < 4; i++) s[j0 + i] = vsum(acc[i]);
-    }
-#endif
-  for (int64_t j = j0; j < end; j++) {
+  for (int64_t j = 0; j < end; j++) {
     const TK* kj = k + j * kstride;
     float lanes[16] = {0.f};
     int64_t d = 0;
@@ -167,7 +165,7 @@ void dots(const float* qf, const TK* k, int64_t kstride, int64_t end, int64_t D,
       for (int l = 0; l < 16; l++) lanes[l] = std::fma(qf[d + l], widen(kj[d + l]), lanes[l]);
     for (; d < D; d++) lanes[d % 16] = std::fma(qf[d], widen(kj[d]), lanes[d % 16]);
 #if SIMD16
-    if (D % 16 == 0) {  // the SIMD reduction, as the four-key loop's
+    if (D % 16 == 0) {  // the SIMD reduction, as the blocks'
       s[j] = vsum(vload(lanes));
       continue;
     }
@@ -179,21 +177,22 @@ void dots(const float* qf, const TK* k, int64_t kstride, int64_t end, int64_t D,
 // s[j] = s[j] · scale + mask (−inf where hidden), then exp(s[j] − max) in place; -> l = Σ e_j (0: nothing shown)
 float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  float m = ninf;
-  for (int64_t j = 0; j < end; j++) {
-    float add = 0.f;
-    if (a.mask) {
-      if (a.mask_bool) {
-        if (!((const bool*)a.mask)[mrow + j * a.ms[3]]) { s[j] = ninf; continue; }
-      } else {
-        add = ((const float*)a.mask)[mrow + j * a.ms[3]];
-        if (add == ninf) { s[j] = ninf; continue; }
-      }
+  if (!a.mask)
+    for (int64_t j = 0; j < end; j++) s[j] = s[j] * a.scale + 0.f;
+  else if (a.mask_bool)
+    for (int64_t j = 0; j < end; j++) s[j] = ((const bool*)a.mask)[mrow + j * a.ms[3]] ? s[j] * a.scale + 0.f : ninf;
+  else
+    for (int64_t j = 0; j < end; j++) {
+      const float add = ((const float*)a.mask)[mrow + j * a.ms[3]];
+      s[j] = add == ninf ? ninf : s[j] * a.scale + add;
     }
-    const float sj = s[j] * a.scale + add;
-    s[j] = sj;
-    m = sj > m ? sj : m;
-  }
+  // m = max s_j, a NaN ignored; in 16 independent lanes (the max of the same values whatever their order; of +0 and
+  // −0 either, which gives the same e_j)
+  float ml[16];
+  for (int l = 0; l < 16; l++) ml[l] = ninf;
+  for (int64_t j = 0; j < end; j++) ml[j % 16] = s[j] > ml[j % 16] ? s[j] : ml[j % 16];
+  float m = ninf;
+  for (int l = 0; l < 16; l++) m = ml[l] > m ? ml[l] : m;
   if (m == ninf) {
     for (int64_t j = 0; j < end; j++) s[j] = 0.f;
     return 0.f;
@@ -214,122 +213,187 @@ float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s) {
   return tree16(lanes);
 }
 
-// The rows (b, h, r) for the G heads h0 … h0 + G − 1 (one KV head's, or some of them), row r: each head's values
-// as alone. With SIMD (D a multiple of 16, at most 256) the heads share each key's and value's loads.
-template <typename TQ, typename TK, int G>
-void heads_row(const Args& a, int64_t b, int64_t h0, int64_t r, float* s, float* qf, float* o) {
-  const int64_t D = a.D, kvh = h0 / (a.H / a.KVH);
-  const int64_t end = a.causal ? a.S - (a.T - 1 - r) : a.S;
+#if SIMD16 && defined(__AVX512F__)
+// s[i] = vsum(acc[i]) for a block's 16 keys at once: tree16's additions in every lane, the keys side by side
+// (each level adds the same lane pairs vsum adds, after shuffles that put them in one vector; a + b = b + a)
+[[gnu::always_inline]] inline void vsum_block(const V* acc, float* s) {
+  __m512 b[8], c[4], d[2];
+  for (int p = 0; p < 8; p++)  // keys 2p, 2p+1: lanes l and l + 8
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p].a, acc[2 * p + 1].a, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(acc[2 * p].a, acc[2 * p + 1].a, _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int p = 0; p < 4; p++)  // keys 4p … 4p+3: + 4
+    c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int p = 0; p < 2; p++)  // 128-bit lane g: keys 8p + g and 8p + 4 + g: + 2
+    d[p] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),  // + 1
+                                 _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // e[4g + t] is key g + 4t
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(s, _mm512_permutexvar_ps(order, e));
+}
+constexpr int KB = 16;  // keys a block of the shared dots
+#elif SIMD16
+inline void vsum_block(const V* acc, float* s) {  // a block's 4 keys
+  for (int i = 0; i < 4; i++) s[i] = vsum(acc[i]);
+}
+constexpr int KB = 4;  // 16 ymm registers: four keys' two-ymm chains
+#endif
+
+#if SIMD16
+// s[i] = q · k_i for a block's KB keys, kb = their values in fp32 chunk by chunk ([D / 16, KB, 16]: one base
+// pointer, fixed offsets): KB chains in registers, reduced together
+[[gnu::always_inline]] inline void dots_block(const float* qf, int64_t D, const float* kb, float* s) {
+  V acc[KB];
+  for (int i = 0; i < KB; i++) acc[i] = vset(0.f);
+  for (int64_t d = 0; d < D; d += 16, kb += 16 * KB) {
+    const V qv = vload(qf + d);
+    for (int i = 0; i < KB; i++) acc[i] = vfma(qv, vload(kb + 16 * i), acc[i]);
+  }
+  vsum_block(acc, s);
+}
+#endif
+
+// One thread's buffers for a group of M members (query rows) over S keys
+struct Scratch {
+  std::vector<float> s, qf, o, kb;
+  void fit(int64_t M, int64_t S, int64_t D) {
+    s.resize(M * S), qf.resize(M * D), o.resize(M * D), kb.resize(16 * D);
+  }
+};
+
+// out_m = Σ_j e_mj · v_j / l_m for MB members m0 … m0 + MB − 1 (their e in s rows of S): each a chain of fma in
+// j order over the keys where its own e_mj ≠ 0 (a key it does not see is skipped, not multiplied by 0: a padded
+// slot's V may be anything), the V loads shared; CB 16-wide chunks of out at a time.
+#if SIMD16
+template <typename TK, int MB>
+void weighted_values(const TK* v, int64_t vstride, int64_t D, int64_t S, int64_t jend, const float* s,
+                     const float* l, float* o) {
+  constexpr int CB = ACCS / MB >= 8 ? 8 : ACCS / MB;
+  for (int64_t c0 = 0; c0 < D / 16; c0 += CB) {
+    const int cn = (int)std::min<int64_t>(CB, D / 16 - c0);
+    V acc[MB][CB];
+    for (int m = 0; m < MB; m++)
+      for (int c = 0; c < CB; c++) acc[m][c] = vset(0.f);
+    for (int64_t j = 0; j < jend; j++) {
+      bool live[MB], any = false;
+      V e[MB];
+      for (int m = 0; m < MB; m++) live[m] = s[m * S + j] != 0.f, any |= live[m], e[m] = vset(s[m * S + j]);
+      if (!any) continue;
+      const TK* vj = v + j * vstride + 16 * c0;
+      for (int c = 0; c < CB; c++) {
+        if (c >= cn) break;
+        const V vv = vload(vj + 16 * c);
+        for (int m = 0; m < MB; m++) acc[m][c] = vfma_if(live[m], e[m], vv, acc[m][c]);
+      }
+    }
+    for (int m = 0; m < MB; m++)
+      for (int c = 0; c < cn; c++)
+        vstore(o + m * D + 16 * (c0 + c), l[m] == 0.f ? vset(0.f) : vdiv(acc[m][c], vset(l[m])));
+  }
+}
+
+template <typename TK>
+void weighted_values_n(int MB, const TK* v, int64_t vstride, int64_t D, int64_t S, int64_t jend, const float* s,
+                       const float* l, float* o) {
+  switch (MB) {
+    case 6: return weighted_values<TK, 6>(v, vstride, D, S, jend, s, l, o);
+    case 5: return weighted_values<TK, 5>(v, vstride, D, S, jend, s, l, o);
+    case 4: return weighted_values<TK, 4>(v, vstride, D, S, jend, s, l, o);
+    case 3: return weighted_values<TK, 3>(v, vstride, D, S, jend, s, l, o);
+    case 2: return weighted_values<TK, 2>(v, vstride, D, S, jend, s, l, o);
+    default: return weighted_values<TK, 1>(v, vstride, D, S, jend, s, l, o);
+  }
+}
+#endif
+
+// A group: heads h0 … h0 + nh − 1 (one KV head's, or some of them) × rows r0 … r0 + nr − 1 of batch b, M = nh · nr
+// members, each computed as alone; the members share each key's and value's loads (and, with AVX-512, the
+// reduction of their dots, 16 keys at a time).
+template <typename TQ, typename TK>
+void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t nr, Scratch& w) {
+  const int64_t D = a.D, S = a.S, M = nh * nr, kvh = h0 / (a.H / a.KVH);
   const TK* k = (const TK*)a.k + b * a.ks[0] + kvh * a.ks[1];
   const TK* v = (const TK*)a.v + b * a.vs[0] + kvh * a.vs[1];
-  for (int g = 0; g < G; g++) {
-    const TQ* q = (const TQ*)a.q + b * a.qs[0] + (h0 + g) * a.qs[1] + r * a.qs[2];
-    for (int64_t d = 0; d < D; d++) qf[g * D + d] = widen(q[d]);
+  w.fit(M, S, D);
+  float* s = w.s.data();
+  float* qf = w.qf.data();
+  float* o = w.o.data();
+  std::vector<int64_t> end(M);  // member m = (head h0 + m / nr, row r0 + m % nr)
+  int64_t jend = 0;
+  for (int64_t m = 0; m < M; m++) {
+    const int64_t h = h0 + m / nr, r = r0 + m % nr;
+    const TQ* q = (const TQ*)a.q + b * a.qs[0] + h * a.qs[1] + r * a.qs[2];
+    for (int64_t d = 0; d < D; d++) qf[m * D + d] = widen(q[d]);
+    end[m] = a.causal ? S - (a.T - 1 - r) : S;
+    jend = std::max(jend, end[m]);
   }
+  // s[m, j] = q_m · k_j for j < jend (past a member's end too: its softmax reads only j < end)
   int64_t j0 = 0;
 #if SIMD16
-  if (D % 16 == 0 && G > 1)
-    for (; j0 + KEYS <= end; j0 += KEYS) {  // KEYS keys, each loaded once for the G heads: KEYS · G chains
-      V acc[KEYS][G];
-      for (int i = 0; i < KEYS; i++)
-        for (int g = 0; g < G; g++) acc[i][g] = vset(0.f);
-      for (int64_t d = 0; d < D; d += 16) {
-        V kv[KEYS];
-        for (int i = 0; i < KEYS; i++) kv[i] = vload(k + (j0 + i) * a.ks[2] + d);
-        for (int g = 0; g < G; g++) {
-          const V qv = vload(qf + g * D + d);
-          for (int i = 0; i < KEYS; i++) acc[i][g] = vfma(qv, kv[i], acc[i][g]);
-        }
-      }
-      for (int g = 0; g < G; g++)
-        for (int i = 0; i < KEYS; i++) s[g * a.S + j0 + i] = vsum(acc[i][g]);
+  if (D % 16 == 0)
+    for (; j0 + KB <= jend; j0 += KB) {
+      float* kb = w.kb.data();  // the block's keys in fp32, [D / 16, KB, 16]
+      for (int64_t d = 0; d < D; d += 16)
+        for (int i = 0; i < KB; i++) vstore(kb + d * KB + 16 * i, vload(k + (j0 + i) * a.ks[2] + d));
+      for (int64_t m = 0; m < M; m++) dots_block(qf + m * D, D, kb, s + m * S + j0);
     }
 #endif
-  float l[G];
-  for (int g = 0; g < G; g++) {  // the keys left (all of them without SIMD), then each head's softmax terms
-    dots<TK>(qf + g * D, k + j0 * a.ks[2], a.ks[2], end - j0, D, s + g * a.S + j0);
-    l[g] = softmax_terms(a, b * a.ms[0] + (h0 + g) * a.ms[1] + r * a.ms[2], end, s + g * a.S);
+  std::vector<float> l(M);
+  for (int64_t m = 0; m < M; m++) {  // the keys left (all of them without SIMD), then each member's softmax terms
+    dots<TK>(qf + m * D, k + j0 * a.ks[2], a.ks[2], jend - j0, D, s + m * S + j0);
+    const int64_t h = h0 + m / nr, r = r0 + m % nr;
+    l[m] = softmax_terms(a, b * a.ms[0] + h * a.ms[1] + r * a.ms[2], end[m], s + m * S);
+    for (int64_t j = end[m]; j < jend; j++) s[m * S + j] = 0.f;  // keys past its end: not seen
   }
-  // out_d = Σ_j e_j · v_jd, a chain of fma in j order; a key no head shows is skipped (its e_j are 0, and its V
-  // may be anything: a padded slot's)
   bool done = false;
 #if SIMD16
   if (D % 16 == 0 && D <= 256) {
-    constexpr int REGS = KEYS == 2 ? 24 : 6;  // accumulators the registers hold (AVX2: a V is two of 16)
-    constexpr int CB = REGS / G >= 8 ? 8 : REGS / G >= 1 ? REGS / G : 1;  // 16-wide chunks of out at a time
-    for (int64_t c0 = 0; c0 < D / 16; c0 += CB) {
-      const int cn = (int)std::min<int64_t>(CB, D / 16 - c0);
-      V acc[G][CB];
-      for (int g = 0; g < G; g++)
-        for (int c = 0; c < CB; c++) acc[g][c] = vset(0.f);
-      for (int64_t j = 0; j < end; j++) {
-        bool any = false;
-        for (int g = 0; g < G; g++) any |= s[g * a.S + j] != 0.f;
-        if (!any) continue;
-        const TK* vj = v + j * a.vs[2] + 16 * c0;
-        V e[G];
-        for (int g = 0; g < G; g++) e[g] = vset(s[g * a.S + j]);
-        for (int c = 0; c < CB; c++) {
-          if (c >= cn) break;
-          const V vv = vload(vj + 16 * c);
-          for (int g = 0; g < G; g++) acc[g][c] = vfma(e[g], vv, acc[g][c]);
-        }
-      }
-      for (int g = 0; g < G; g++)
-        for (int c = 0; c < cn; c++)
-          vstore(o + g * D + 16 * (c0 + c), l[g] == 0.f ? vset(0.f) : vdiv(acc[g][c], vset(l[g])));
+    constexpr int MB = ACCS / 4;  // members sharing the value loads, 4 chunks each (AVX2: one)
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const int n = (int)std::min<int64_t>(MB, M - m0);
+      weighted_values_n<TK>(n, v, a.vs[2], D, S, jend, s + m0 * S, l.data() + m0, o + m0 * D);
     }
     done = true;
   }
 #endif
   if (!done)
-    for (int g = 0; g < G; g++) {
-      float* og = o + g * D;
-      const float* sg = s + g * a.S;
-      for (int64_t d = 0; d < D; d++) og[d] = 0.f;
-      for (int64_t j = 0; j < end; j++) {
-        if (sg[j] == 0.f) continue;
+    for (int64_t m = 0; m < M; m++) {
+      float* om = o + m * D;
+      const float* sm = s + m * S;
+      for (int64_t d = 0; d < D; d++) om[d] = 0.f;
+      for (int64_t j = 0; j < end[m]; j++) {
+        if (sm[j] == 0.f) continue;
         const TK* vj = v + j * a.vs[2];
-        for (int64_t d = 0; d < D; d++) og[d] = std::fma(sg[j], widen(vj[d]), og[d]);
+        for (int64_t d = 0; d < D; d++) om[d] = std::fma(sm[j], widen(vj[d]), om[d]);
       }
-      for (int64_t d = 0; d < D; d++) og[d] = l[g] == 0.f ? 0.f : og[d] / l[g];
+      for (int64_t d = 0; d < D; d++) om[d] = l[m] == 0.f ? 0.f : om[d] / l[m];
     }
-  for (int g = 0; g < G; g++) {
-    TQ* out = (TQ*)a.out + ((b * a.T + r) * a.H + h0 + g) * D;
-    for (int64_t d = 0; d < D; d++) out[d] = (TQ)o[g * D + d];
+  for (int64_t m = 0; m < M; m++) {
+    const int64_t h = h0 + m / nr, r = r0 + m % nr;
+    TQ* out = (TQ*)a.out + ((b * a.T + r) * a.H + h) * D;
+    for (int64_t d = 0; d < D; d++) out[d] = (TQ)o[m * D + d];
   }
 }
 
-constexpr int MAX_G = 8;
-
-template <typename TQ, typename TK>
-void heads_row_g(int G, const Args& a, int64_t b, int64_t h0, int64_t r, float* s, float* qf, float* o) {
-  switch (G) {
-    case 8: return heads_row<TQ, TK, 8>(a, b, h0, r, s, qf, o);
-    case 7: return heads_row<TQ, TK, 7>(a, b, h0, r, s, qf, o);
-    case 6: return heads_row<TQ, TK, 6>(a, b, h0, r, s, qf, o);
-    case 5: return heads_row<TQ, TK, 5>(a, b, h0, r, s, qf, o);
-    case 4: return heads_row<TQ, TK, 4>(a, b, h0, r, s, qf, o);
-    case 3: return heads_row<TQ, TK, 3>(a, b, h0, r, s, qf, o);
-    case 2: return heads_row<TQ, TK, 2>(a, b, h0, r, s, qf, o);
-    default: return heads_row<TQ, TK, 1>(a, b, h0, r, s, qf, o);
-  }
-}
+constexpr int64_t MAX_MEMBERS = 32;  // query rows (heads × rows) a group holds: M · S floats of scores
 
 template <typename TQ, typename TK>
 void run(const Args& a) {
-  // heads in groups of G sharing a KV head (G: the largest divisor of H / KVH up to MAX_G); one head at a time
-  // where the mask differs by head (a key hidden for one head only must not reach the others' sums)
-  int G = 1;
-  if (a.ms[1] == 0)
-    for (int g = MAX_G; g > 1; g--)
-      if ((a.H / a.KVH) % g == 0) { G = g; break; }
-  const int64_t groups = a.H / G;
-  at::parallel_for(0, a.B * groups * a.T, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> s(G * a.S), qf(G * a.D), o(G * a.D);
+  // groups: the heads of one KV head (at most MAX_MEMBERS of them) × a block of rows; blocks small enough that
+  // every thread gets work where there is enough of it. A member's bits do not depend on the grouping.
+  const int64_t rep = a.H / a.KVH, nh = std::min(rep, MAX_MEMBERS), hgroups = a.KVH * ((rep + nh - 1) / nh);
+  const int64_t units = a.B * hgroups, threads = at::get_num_threads();
+  const int64_t want_blocks = std::max<int64_t>(1, (2 * threads + units - 1) / units);
+  const int64_t nr = std::max<int64_t>(1, std::min((a.T + want_blocks - 1) / want_blocks, MAX_MEMBERS / nh));
+  const int64_t rblocks = (a.T + nr - 1) / nr, per_kv = (rep + nh - 1) / nh;
+  at::parallel_for(0, units * rblocks, 1, [&](int64_t i0, int64_t i1) {
+    Scratch w;
     for (int64_t i = i0; i < i1; i++) {
-      const int64_t r = i % a.T, hg = (i / a.T) % groups, b = i / (a.T * groups);
-      heads_row_g<TQ, TK>(G, a, b, hg * G, r, s.data(), qf.data(), o.data());
+      const int64_t rb = i % rblocks, u = i / rblocks, b = u / hgroups, hg = u % hgroups;
+      const int64_t h0 = (hg / per_kv) * rep + (hg % per_kv) * nh, nhh = std::min(nh, (hg / per_kv + 1) * rep - h0);
+      group<TQ, TK>(a, b, h0, nhh, rb * nr, std::min(nr, a.T - rb * nr), w);
     }
   });
 }

@@ -47,6 +47,8 @@ def case(B, H, KVH, D, T, S, dtype, kdtype, mask_kind, seed):
     elif mask_kind == "float":
         mask = torch.randn(B, 1, T, S, generator=g).clamp(max=0)
         mask[..., ::7] = float("-inf")
+    elif mask_kind == "per head":  # each head and row its own keys: a key one member hides, another may see
+        mask = torch.rand(B, H, T, S, generator=g) < 0.7
     return q, k, v, mask
 
 
@@ -74,7 +76,9 @@ def test_close_to_the_reference_and_rows_alike(build, shape):
     for T, S, dtype, kdtype, mask_kind in ((1, 37, torch.float32, torch.float32, None),
                                            (3, 40, torch.bfloat16, torch.bfloat16, "bool"),
                                            (9, 75, torch.float32, torch.bfloat16, "float"),
-                                           (5, 16, torch.bfloat16, torch.float32, None)):
+                                           (5, 16, torch.bfloat16, torch.float32, None),
+                                           # more rows than a group holds, blocks of 16 keys and a tail
+                                           (40, 93, torch.bfloat16, torch.bfloat16, "per head")):
         q, k, v, mask = case(B, H, KVH, D, T, S, dtype, kdtype, mask_kind, seed=T + S)
         out = attend(q, k, v, mask, scale, True)
         assert out.shape == (B, T, H, D) and out.dtype == dtype
@@ -123,6 +127,12 @@ def test_hidden_slots_never_reach_a_row(build):
     assert not out.isnan().any()
     mask[0, :, 1] = False
     assert torch.equal(attend(q, k, v, mask, 0.125, True)[0, 1], torch.zeros(6, 64))
+    # a slot only head 0 hides: the heads beside it (one KV head's, computed together) see its NaN, head 0 must not
+    one_head = mask.expand(2, 6, 2, 12).clone()
+    one_head[0, 0, :, 5] = False
+    v[0, :, 5] = float("nan")
+    out = attend(q, k, v, one_head, 0.125, True)
+    assert not out[0, 0, 0].isnan().any() and out[0, 0, 1:3].isnan().all()  # row 0 (row 1 sees nothing)
 
 
 def test_a_failed_build_falls_back_to_torch(monkeypatch):
