@@ -160,11 +160,11 @@ class LeanDecoder(Decoder):
 
     def _attend(self, q, k, v, holes, causal: bool) -> torch.Tensor:
         """q [B, heads, T, head_dim] over k, v [B, heads, S, head_dim] (causal: q's rows are the last T of the S
-        slots), holes [B, 1, 1, S] bool or None -> [B, T, heads, head_dim] in q's dtype. A step on a CPU: the rows
-        kernel (one query over 1 500 frames: ~50 µs against torch's ~100 µs, 12 calls a step); otherwise sdpa, in
-        fp32 on a CPU (the kernel computes each row alone: 11 rows cost it ~1.5× sdpa, and a catch-up after plain
-        steps reads hundreds; torch's bf16 kernel is ~8× slower there: models.whisper.cross_attention_dtype)."""
-        if q.shape[2] == 1 and self.device.type == "cpu" and {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16}:
+        slots), holes [B, 1, 1, S] bool or None -> [B, T, heads, head_dim] in q's dtype. On a CPU the rows kernel,
+        whatever T (one query over 1 500 frames ~45 µs, 11 ~0.2 ms, 300 ~4.4 ms; sdpa in fp32 first widens bf16 K/V:
+        ~1.8 ms a call at any T, ~7 ms at 300); elsewhere, or where it did not build (K/V are then fp32:
+        models.whisper.cross_attention_dtype), sdpa, in fp32 on a CPU (torch's bf16 kernel is ~8× slower there)."""
+        if q.device.type == "cpu" and {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16}:
             out = rows_attention.attend(q, k, v, holes, 1.0, causal)
             if out is not None:
                 return out
