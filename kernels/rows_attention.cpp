@@ -81,6 +81,7 @@ inline V vload(const c10::BFloat16* p) {
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.a); }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.a, b.a, c.a)}; }
 inline V vadd(V a, V b) { return {_mm512_add_ps(a.a, b.a)}; }
+inline V vmax(V x, V m) { return {_mm512_max_ps(x.a, m.a)}; }  // x > m ? x : m (NaN x: m)
 inline V vfma_if(bool live, V a, V b, V c) {  // c where !live
   return {_mm512_mask3_fmadd_ps(a.a, b.a, c.a, (__mmask16)-(int)live)};
 }
@@ -107,6 +108,7 @@ inline V vload(const c10::BFloat16* p) { return {bf8(p), bf8(p + 8)}; }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
 inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline V vadd(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V vmax(V x, V m) { return {_mm256_max_ps(x.lo, m.lo), _mm256_max_ps(x.hi, m.hi)}; }  // x > m ? x : m
 inline V vfma_if(bool live, V a, V b, V c) {  // c where !live
   return live ? vfma(a, b, c) : c;
 }
@@ -177,20 +179,33 @@ void dots(const float* qf, const TK* k, int64_t kstride, int64_t end, int64_t D,
 // s[j] = s[j] · scale + mask (−inf where hidden), then exp(s[j] − max) in place; -> l = Σ e_j (0: nothing shown)
 float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  if (!a.mask)
-    for (int64_t j = 0; j < end; j++) s[j] = s[j] * a.scale + 0.f;
-  else if (a.mask_bool)
+  if (a.mask && a.mask_bool)
     for (int64_t j = 0; j < end; j++) s[j] = ((const bool*)a.mask)[mrow + j * a.ms[3]] ? s[j] * a.scale + 0.f : ninf;
-  else
+  else if (a.mask)
     for (int64_t j = 0; j < end; j++) {
       const float add = ((const float*)a.mask)[mrow + j * a.ms[3]];
       s[j] = add == ninf ? ninf : s[j] * a.scale + add;
     }
-  // m = max s_j, a NaN ignored; in 16 independent lanes (the max of the same values whatever their order; of +0 and
-  // −0 either, which gives the same e_j)
-  float ml[16];
+  // m = max s_j, a NaN ignored, in 16 lanes (the max of the same values whatever their order; of +0 and −0 either,
+  // which gives the same e_j); without a mask, s_j · scale + 0 on the way
+  alignas(64) float ml[16];
+  int64_t J = 0;
+#if SIMD16
+  J = end / 16 * 16;
+  V mv = vset(ninf);
+  for (int64_t j = 0; j < J; j += 16) {
+    V x = vload(s + j);
+    if (!a.mask) x = vadd(vmul(x, vset(a.scale)), vset(0.f)), vstore(s + j, x);
+    mv = vmax(x, mv);
+  }
+  vstore(ml, mv);
+#else
   for (int l = 0; l < 16; l++) ml[l] = ninf;
-  for (int64_t j = 0; j < end; j++) ml[j % 16] = s[j] > ml[j % 16] ? s[j] : ml[j % 16];
+#endif
+  for (int64_t j = J; j < end; j++) {
+    if (!a.mask) s[j] = s[j] * a.scale + 0.f;
+    ml[j % 16] = s[j] > ml[j % 16] ? s[j] : ml[j % 16];
+  }
   float m = ninf;
   for (int l = 0; l < 16; l++) m = ml[l] > m ? ml[l] : m;
   if (m == ninf) {
@@ -198,9 +213,7 @@ float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s) {
     return 0.f;
   }
   alignas(64) float lanes[16] = {0.f};
-  int64_t J = 0;
 #if SIMD16
-  J = end / 16 * 16;
   V sum = vset(0.f);
   for (int64_t j = 0; j < J; j += 16) {
     const V e = vexp(vsub(vload(s + j), vset(m)));
@@ -242,14 +255,25 @@ constexpr int KB = 4;  // 16 ymm registers: four keys' two-ymm chains
 #endif
 
 #if SIMD16
-// s[i] = q · k_i for a block's KB keys, kb = their values in fp32 chunk by chunk ([D / 16, KB, 16]: one base
-// pointer, fixed offsets): KB chains in registers, reduced together
+// s[i] = q · k_i for a block's KB keys: KB chains in registers, reduced together. kb = the keys in fp32 chunk by
+// chunk ([D / 16, KB, 16]: one base pointer, fixed offsets), for a group that shares them; or k = the keys as
+// they are (rows of kstride) for a group of one: a staged copy would only delay the first reads from memory.
 [[gnu::always_inline]] inline void dots_block(const float* qf, int64_t D, const float* kb, float* s) {
   V acc[KB];
   for (int i = 0; i < KB; i++) acc[i] = vset(0.f);
   for (int64_t d = 0; d < D; d += 16, kb += 16 * KB) {
     const V qv = vload(qf + d);
     for (int i = 0; i < KB; i++) acc[i] = vfma(qv, vload(kb + 16 * i), acc[i]);
+  }
+  vsum_block(acc, s);
+}
+template <typename TK>
+[[gnu::always_inline]] inline void dots_block(const float* qf, int64_t D, const TK* k, int64_t kstride, float* s) {
+  V acc[KB];
+  for (int i = 0; i < KB; i++) acc[i] = vset(0.f);
+  for (int64_t d = 0; d < D; d += 16) {
+    const V qv = vload(qf + d);
+    for (int i = 0; i < KB; i++) acc[i] = vfma(qv, vload(k + i * kstride + d), acc[i]);
   }
   vsum_block(acc, s);
 }
@@ -280,6 +304,8 @@ void weighted_values(const TK* v, int64_t vstride, int64_t D, int64_t S, int64_t
       bool live[MB], any = false;
       V e[MB];
       for (int m = 0; m < MB; m++) live[m] = s[m * S + j] != 0.f, any |= live[m], e[m] = vset(s[m * S + j]);
+      if (c0 == 0)  // a later row's values, from memory
+        for (int64_t i = 0; i < D * (int64_t)sizeof(TK); i += 64) __builtin_prefetch((const char*)(v + (j + 16) * vstride) + i);
       if (!any) continue;
       const TK* vj = v + j * vstride + 16 * c0;
       for (int c = 0; c < CB; c++) {
@@ -334,6 +360,12 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
 #if SIMD16
   if (D % 16 == 0)
     for (; j0 + KB <= jend; j0 += KB) {
+      for (int64_t i = 0; i < KB * D * (int64_t)sizeof(TK); i += 64)  // the next block's keys, from memory
+        __builtin_prefetch((const char*)(k + (j0 + KB) * a.ks[2]) + i);
+      if (M == 1) {
+        for (int64_t m = 0; m < M; m++) dots_block<TK>(qf + m * D, D, k + j0 * a.ks[2], a.ks[2], s + m * S + j0);
+        continue;
+      }
       float* kb = w.kb.data();  // the block's keys in fp32, [D / 16, KB, 16]
       for (int64_t d = 0; d < D; d += 16)
         for (int i = 0; i < KB; i++) vstore(kb + d * KB + 16 * i, vload(k + (j0 + i) * a.ks[2] + d));
