@@ -231,9 +231,11 @@ def test_sampling_with_timestamps_keeps_the_targets_distribution(timed):
     config = SimpleNamespace(no_timestamps_token_id=ids.no_timestamps, eos_token_id=ids.eot, bos_token_id=ids.eot,
                              max_initial_timestamp_index=ids.max_initial_timestamp)
     theirs = WhisperTimeStampLogitsProcessor(config, begin_index=P)
-    first = raw[:1, 0].masked_fill(hook.always | hook.begin, -math.inf)
+    suppressed = torch.zeros(V, dtype=torch.bool)
+    suppressed[hook.always] = True  # the ids always suppressed
+    first = raw[:1, 0].masked_fill(suppressed | hook.begin, -math.inf)
     p1 = theirs(torch.tensor([prompt]), first).softmax(-1)[0]  # [V]
-    second = raw[:, 1].masked_fill(hook.always, -math.inf)
+    second = raw[:, 1].masked_fill(suppressed, -math.inf)
     p2 = theirs(seqs, second).softmax(-1)  # [V, V]: row x1
     joint = (p1[:, None] * p2).double()
 

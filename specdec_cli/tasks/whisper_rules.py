@@ -35,15 +35,18 @@ class Suppressor:
             suppress = {i for i in suppress if i < ids.timestamp_begin}
         begin = set(getattr(g, "begin_suppress_tokens", None) or getattr(model.model.config, "begin_suppress_tokens", None) or [])
         device = model.device
-        self.always = torch.zeros(vocab, dtype=torch.bool, device=device)
-        self.always[[i for i in suppress if 0 <= i < vocab]] = True
+        self.always = torch.tensor(sorted(i for i in suppress if 0 <= i < vocab), dtype=torch.long, device=device)  # ids
         self.begin = torch.zeros(vocab, dtype=torch.bool, device=device)
         self.begin[[i for i in begin if 0 <= i < vocab]] = True
         self.prompt_len = prompt_len
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        first = (positions == self.prompt_len)[..., None]  # [B, T, 1]
-        logits = logits.masked_fill(self.always | (first & self.begin), -math.inf)
+        # a copy with the always-suppressed ids set: a [B, T, V] mask built and applied cost ~15x (0.3 ms at 11 rows)
+        logits = logits.clone()
+        logits[..., self.always] = -math.inf
+        first = positions == self.prompt_len  # [B, T]: the first generated position, where begin applies too
+        if first.any():
+            logits[first] = logits[first].masked_fill(self.begin, -math.inf)
         return logits if self.timestamps is None else self.timestamps(logits, tokens)
 
 
