@@ -99,7 +99,7 @@ def agreement(target: LoadedModel, audios, head_sizes) -> list[dict]:
         out = []
         for layers, n, int4 in ([(k, n, True) for k in range(1, n_layers + 1) for n in head_sizes]
                                 + [(n_layers, n, False) for n in head_sizes]):
-            lean, agree = lean_whisper.self_draft(target, f"self:{layers}", n, int4), 0
+            lean, agree = lean_whisper.self_draft(target, f"self:{layers}", n, "int4" if int4 else None), 0
             for kv, seq, positions, want in cases:
                 d = lean.lean.window(kv, hook)
                 d.prefill(seq[:, :P], None, positions[:, :P])
@@ -198,7 +198,7 @@ def main():
         key = (n, layers, int4)
         if key not in drafts:
             spec = "self" if layers is None else "self:" + ",".join(map(str, layers))
-            drafts[key] = lean_whisper.self_draft(target, spec, n, int4)
+            drafts[key] = lean_whisper.self_draft(target, spec, n, "int4" if int4 else None)
         return drafts[key]
 
     # name -> (draft, γ, mode, sets, τ)

@@ -268,8 +268,9 @@ class TranscribeOptions(DecodeOptions):
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
     draft_stop: float = 0.8
-    draft_quantized: bool = option(True, f"Give the self draft int4 weights (CPU only): {_DRAFT_CHEAPER}.",
-                                   flag="--draft-int4/--no-draft-int4")  # drafts/int4.py
+    draft_quantized: bool = option(True, f"Give the self draft int4 weights, or with --target-int8 the target's own "
+                                   f"int8 rows (CPU only): {_DRAFT_CHEAPER}.",
+                                   flag="--draft-int4/--no-draft-int4")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")
     task: str = option("transcribe", "transcribe | translate (into English; multilingual models only).", flag="--task")
@@ -383,8 +384,8 @@ class BenchOptions:
     draft: str | None = option(None, _task_help("draft", "the draft model"))
     draft_vocab: str | None = option(None, _task_help("draft_vocab", "the draft's output layer sizes, comma-separated "
                                                       "(0 = full)"))
-    draft_quantized: str | None = option(None, "A task's draft weights: on (summarize int8, transcribe int4; the "
-                                         "default), off, or on,off to compare.")
+    draft_quantized: str | None = option(None, "A task's draft weights: on (summarize int8, transcribe int4, or "
+                                         "int8 with the int8 target; the default), off, or on,off to compare.")
     target_int8: str | None = option(None, "transcribe: the target's weights: off (the default: the model itself), on "
                                      "(int8 decoder linears and output layer, as specdec transcribe --target-int8), or "
                                      "off,on to compare.")

@@ -161,7 +161,7 @@ def test_lean_draft_output_layer_subset_and_int4(tiny):
     assert_same_up_to_rounding(linear(x, (None, packed, None)), x @ dequant.T, sums=64)
     assert (dequant - w).abs().max() <= (hi - lo).max() / 30 + 1e-6
     draft4, _ = _decoder_pair(tiny, "self", head_size=100, int4=True)  # 112 rows: int4 (269 would not fit)
-    assert draft4.int4 and draft4.head[1] is not None and all(p["fc1"][1] is not None for p in draft4.layers)
+    assert draft4.weights == "int4" and draft4.head[1] is not None and all(p["fc1"][1] is not None for p in draft4.layers)
     with torch.inference_mode():
         z = draft4.forward(tokens, None, positions)[..., kept]
     assert float((z - b[..., kept]).norm() / b[..., kept].norm()) < 0.35  # random weights, 4 bits: 0.24 (a wrong layout: > 1)
@@ -593,6 +593,15 @@ def test_target_int8_quantizes_the_decoder_and_stays_close(tiny_dir, speech_wav)
     linears = lambda m: [type(x) for x in m.modules() if type(x) in (nn.Linear, Int8Linear)]  # noqa: E731
     assert set(linears(q.model.model.decoder)) == {Int8Linear} and type(q.model.proj_out) is Int8Linear
     assert set(linears(q.model.model.encoder)) == {nn.Linear}
+    # the self draft takes the target's int8 rows: the same integers, q's scale times head_dim^-1/2 (a power of 2)
+    lean, layer = draft.lean, q.model.model.decoder.layers[0]
+    assert lean.weights == "int8"
+    qkv, fc1 = lean.layers[0]["qkv"][1], lean.layers[0]["fc1"][1]
+    a = layer.self_attn
+    assert torch.equal(fc1.ints(), layer.fc1.packed.ints()) and torch.equal(fc1.scales, layer.fc1.packed.scales)
+    assert torch.equal(qkv.ints(), torch.cat([m.packed.ints() for m in (a.q_proj, a.k_proj, a.v_proj)]))
+    assert torch.equal(qkv.scales, torch.cat([a.q_proj.packed.scales * lean.head_dim ** -0.5, a.k_proj.packed.scales,
+                                              a.v_proj.packed.scales]))
     torch.manual_seed(0)
     feats = torch.randn(1, q.model.config.num_mel_bins, 2 * q.model.config.max_source_positions)
     tokens = torch.tensor([[T.special_ids(q).sot, 5, 7, 9]])

@@ -385,7 +385,7 @@ def loop(run: Run) -> dict:
     encoded = torch.randn(1, whisper.max_source_positions, whisper.d_model, device=run.device, dtype=dtype)
     with torch.inference_mode():
         kv = cross_kv(model.model.decoder.layers, encoded)
-    lean = LeanDecoder(model, range(whisper.decoder_layers), None, int4=False).window(kv)
+    lean = LeanDecoder(model, range(whisper.decoder_layers), None, weights=None).window(kv)
     prompt = torch.tensor([[1, 2, 3]], device=run.device)
 
     def scorer(mode):  # the target as transcribe runs it: ExactScorer when speculating

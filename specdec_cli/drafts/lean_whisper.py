@@ -1,6 +1,6 @@
 """The self draft of Whisper: the target's own decoder weights, run by a lean decoding step.
 
-    LeanDecoder  the decoding step: the target's decoder layers in plain torch ops, int4 on a CPU
+    LeanDecoder  the decoding step: the target's decoder layers in plain torch ops, int4 (or int8) on a CPU
     LeanDraft    the draft kind (`self`, `self:K`, `self:0-2,4` for a Whisper target): a LeanDecoder per window
 
 LeanDecoder keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
@@ -8,8 +8,10 @@ output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids
 (−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
 compares argmaxes), and runs them in plain torch ops with int4 weights on a CPU instead of transformers'
 modules over bf16 weights. At batch 1 a step's time is the time to read its weights, and torch's bf16 GEMV
-reads them slowly on a CPU; the int4 GEMV reads a quarter of the bytes. Why every layer and not fewer:
-measured, see options.TranscribeOptions.
+reads them slowly on a CPU; the int4 GEMV reads a quarter of the bytes. For an int8 target (--target-int8) the
+draft takes the target's own int8 rows instead (kernels/int8_rows: per output row, so its layers compute what
+the target's compute): on the 74 s recording its acceptance went 0.895 → 0.94 at the same or a lower cost a step.
+Why every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations
@@ -25,10 +27,20 @@ from specdec_cli.decoding import Batch, Decoder, ModelDraft
 from specdec_cli.drafts import spec
 from specdec_cli.drafts.int4 import linear, pack_int4
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import rows_attention
+from specdec_cli.kernels import int8_rows, rows_attention
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
+
+
+WEIGHTS = ("int4", "int8")  # the draft's quantized forms on a CPU
+
+
+def _linear(x: torch.Tensor, lin: tuple) -> torch.Tensor:
+    """x [..., in] → [..., out] through LeanDecoder's lin = (weight or None, int4 pair | int8_rows.Packed | None, bias)."""
+    if isinstance(lin[1], int8_rows.Packed):
+        return int8_rows.mm(x, lin[1], lin[2])
+    return linear(x, lin)
 
 
 class LeanDecoder(Decoder):
@@ -36,7 +48,8 @@ class LeanDecoder(Decoder):
     [0, head_size) ∪ `extra_ids` (−inf elsewhere: zero probability off the subset, which exact verification
     allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
     in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
-    cross-attention K/V (cross_kv) used as they are and, on a CPU, int4 weights (options.TranscribeOptions).
+    cross-attention K/V (cross_kv) used as they are and, on a CPU, `weights` int4 or int8 (None: the model's own;
+    options.TranscribeOptions).
 
     What it computes, as transformers' WhisperDecoder does (pre-norm; every projection has a bias but k's):
         x = embed[token] + pos[position]
@@ -48,7 +61,7 @@ class LeanDecoder(Decoder):
     Built once per loaded target; `window(kv, hook)` gives a copy for one window (weights shared, empty cache)."""
 
     def __init__(self, whisper, layers: Sequence[int], head_size: int | None, extra_ids: Sequence[int] = (), *,
-                 int4: bool = True):
+                 weights: str | None = "int4"):
         from transformers.activations import ACT2FN
 
         super().__init__(whisper)
@@ -62,11 +75,13 @@ class LeanDecoder(Decoder):
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
         self.activation = ACT2FN[config.activation_function]  # "gelu": exact (erf)
-        self.int4 = int4 and self.device.type == "cpu"
+        self.weights = weights if weights in WEIGHTS and self.device.type == "cpu" else None
         s = self.head_dim**-0.5  # transformers scales the query after its projection (bias included)
 
-        def lin(weight, bias=None):
-            packed = pack_int4(weight) if self.int4 else None
+        def lin(weight, bias=None):  # (weight, packed or None, bias) for _linear()
+            if self.weights == "int8":
+                return None, int8_rows.pack(weight.detach()), None if bias is None else bias.detach().float()
+            packed = pack_int4(weight) if self.weights == "int4" else None
             return None if packed is not None else weight, packed, bias
 
         def norm(m: nn.LayerNorm):
@@ -103,7 +118,7 @@ class LeanDecoder(Decoder):
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.keys = self.values = None
         head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
-        self.description = f"layers {list(layers)}, {head}" + (", int4" if self.int4 else "")
+        self.description = f"layers {list(layers)}, {head}" + (f", {self.weights}" if self.weights else "")
 
     @property
     def head_rows(self) -> int:
@@ -144,18 +159,18 @@ class LeanDecoder(Decoder):
         for i, p in enumerate(self.layers):
             h = nn.functional.layer_norm(x, (d,), *p["norm1"])
             # q, k, v: [B, heads, T, head_dim] each
-            q, k, v = linear(h, p["qkv"]).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            q, k, v = _linear(h, p["qkv"]).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
             self.keys[i, :, :, start:end] = k
             self.values[i, :, :, start:end] = v
             a = self._attend(q, self.keys[i, :, :, :end], self.values[i, :, :, :end], holes, causal=True)
-            x = x + linear(a.reshape(B, T, d), p["out"])
+            x = x + _linear(a.reshape(B, T, d), p["out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm2"])
-            q = linear(h, p["q"]).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
+            q = _linear(h, p["q"]).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
             k, v = self.kv[i]  # in models.whisper.cross_attention_dtype
             a = self._attend(q, k, v, None, causal=False)
-            x = x + linear(a.reshape(B, T, d), p["cross_out"])
+            x = x + _linear(a.reshape(B, T, d), p["cross_out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm3"])
-            x = x + linear(self.activation(linear(h, p["fc1"])), p["fc2"])
+            x = x + _linear(self.activation(_linear(h, p["fc1"])), p["fc2"])
         return x
 
     def _attend(self, q, k, v, holes, causal: bool) -> torch.Tensor:
@@ -182,7 +197,7 @@ class LeanDecoder(Decoder):
         hidden = self._layers(tokens, mask, positions)
         if keep:
             hidden = hidden[:, -keep:]
-        z = linear(nn.functional.layer_norm(hidden, hidden.shape[-1:], *self.final_norm), self.head)  # [B, T', N']
+        z = _linear(nn.functional.layer_norm(hidden, hidden.shape[-1:], *self.final_norm), self.head)  # [B, T', N']
         if self.keep is None:
             return z
         logits = z.new_full((*z.shape[:-1], self.vocab), -math.inf)  # [B, T', V]
@@ -232,17 +247,19 @@ def refuse_timestamps(scores_timestamps: bool, batch: Batch) -> None:
 
 
 def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | None = None,
-               int4: bool = True, timestamps: bool = False) -> LeanDraft:
+               weights: str | None = "int4", timestamps: bool = False) -> LeanDraft:
     """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDecoder
     over those decoder layers with an output layer over [0, head_size) ∪ head_extras (None, 0 or ≥ V: the whole
-    output layer), int4 weights on a CPU unless int4=False."""
+    output layer), `weights` (int4, int8 or None: the model's own) on a CPU."""
     layers = spec.self_layers(draft_spec, len(decoder_layers(target)))
     if layers is None:
         raise ValueError(f"not a self draft: {draft_spec!r}")
-    lean = LeanDecoder(target.model, layers, head_size or None, extra_ids=head_extras(target, timestamps), int4=int4)
+    lean = LeanDecoder(target.model, layers, head_size or None, extra_ids=head_extras(target, timestamps), weights=weights)
     return LeanDraft(lean, f"{target.name} ({lean.description})", timestamps=lean.keep is None or timestamps)
 
 
 def build(draft_spec: str, target: LoadedModel, opts: TranscribeOptions, progress: bool = True) -> LeanDraft:
-    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights."""
-    return self_draft(target, draft_spec, opts.draft_vocab, opts.draft_quantized, opts.timestamps)
+    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4, or
+    the target's int8 rows with --target-int8."""
+    weights = ("int8" if opts.target_int8 else "int4") if opts.draft_quantized else None
+    return self_draft(target, draft_spec, opts.draft_vocab, weights, opts.timestamps)

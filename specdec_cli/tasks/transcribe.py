@@ -397,7 +397,7 @@ def load_draft(draft_spec: str, target: LoadedModel, options: TranscribeOptions 
 def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedModel, Draft | None]:
     """(target, draft) for `opts`; draft is None for autoregressive, else load_draft's. --target-int8: the
     target's decoder and output linears in int8 (models/int8.py), after the draft took what it copies from the
-    target's weights (a self draft's int4 layers are its own)."""
+    target's weights (a self draft's int4 or int8 layers are its own)."""
     target, draft = drafts.load_pair(opts, WHISPER, progress=progress)
     if opts.target_int8:
         if target.device.type != "cpu":
