@@ -252,6 +252,11 @@ class SummarizeOptions(DecodeOptions):
 #     N = 16384 τ=0.8 γ=12: 1.56 | 1.87 | 1.48     bf16 weights, N = 16384 τ=0.8 γ=8: 0.99 | 1.13 | 1.02
 # γ 8–12 lie within 3 % of each other (τ = 0.8 ends most rounds first); 10 was best over the three sets in both
 # runs. 16384 over 32768: faster on the long recording, as fast elsewhere; 8192 misses too many rare words.
+# Measured again (2026-11-26, eighth session; AMD EPYC, 2 threads, the 74 s recording, `specdec bench --task
+# transcribe --target-int8 off,on --draft-vocab 16384,32768 --repeat 3`, one run): with the rows-kernel attention
+# the head's rows cost less of a step, and 32768 now ties on the unmodified target (2.14× against 16384's 2.19×,
+# acceptance 0.976 against 0.931) and wins with --target-int8, whose draft is the target's own int8 rows (1.17×
+# against 1.07×, acceptance 0.988 against 0.941; full head: 1.0, but 1.08×). Default: 32768.
 @dataclass(frozen=True)
 class TranscribeOptions(DecodeOptions):
     target: str = option("embedded", "Whisper target: embedded (Whisper base), embedded:tiny.en, a Hugging Face id, "
@@ -264,7 +269,7 @@ class TranscribeOptions(DecodeOptions):
     gamma_schedule: str = "auto"
     max_new_tokens: int = option(224, "Never generate more than this many tokens per 30 s window.")
     batch_size: int = option(1, "30 s windows decoded together.")
-    draft_vocab: int = option(16384, "The draft's output layer scores only the token ids below this (+ end of text, "
+    draft_vocab: int = option(32768, "The draft's output layer scores only the token ids below this (+ end of text, "
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
     draft_stop: float = 0.8
