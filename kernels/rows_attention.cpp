@@ -305,7 +305,8 @@ void weighted_values(const TK* v, int64_t vstride, int64_t D, int64_t S, int64_t
       V e[MB];
       for (int m = 0; m < MB; m++) live[m] = s[m * S + j] != 0.f, any |= live[m], e[m] = vset(s[m * S + j]);
       if (c0 == 0)  // a later row's values, from memory
-        for (int64_t i = 0; i < D * (int64_t)sizeof(TK); i += 64) __builtin_prefetch((const char*)(v + (j + 16) * vstride) + i);
+        for (int64_t i = 0; i < D * (int64_t)sizeof(TK); i += 64)
+          __builtin_prefetch((const char*)(v + (j + 16) * vstride) + i);
       if (!any) continue;
       const TK* vj = v + j * vstride + 16 * c0;
       for (int c = 0; c < CB; c++) {
@@ -363,7 +364,7 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
       for (int64_t i = 0; i < KB * D * (int64_t)sizeof(TK); i += 64)  // the next block's keys, from memory
         __builtin_prefetch((const char*)(k + (j0 + KB) * a.ks[2]) + i);
       if (M == 1) {
-        for (int64_t m = 0; m < M; m++) dots_block<TK>(qf + m * D, D, k + j0 * a.ks[2], a.ks[2], s + m * S + j0);
+        dots_block<TK>(qf, D, k + j0 * a.ks[2], a.ks[2], s + j0);
         continue;
       }
       float* kb = w.kb.data();  // the block's keys in fp32, [D / 16, KB, 16]

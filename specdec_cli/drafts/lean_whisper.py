@@ -32,7 +32,6 @@ from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
 
-
 WEIGHTS = ("int4", "int8")  # the draft's quantized forms on a CPU
 
 
