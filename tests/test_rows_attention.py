@@ -15,8 +15,10 @@ from specdec_cli.kernels import cpp, rows_attention
 
 EPS32 = 2.0 ** -24
 
-# (B, H, KVH, D): GQA groups of 1, 3, 4, 6, 7 and 12 (two groups of 6), head sizes on and off the 16-wide lanes
-SHAPES = [(1, 12, 2, 128), (2, 4, 1, 64), (1, 7, 7, 80), (1, 14, 2, 72), (2, 12, 1, 32), (1, 6, 2, 256)]
+# (B, H, KVH, D): GQA groups of 1, 3, 4, 6, 7, 12 (two groups of 6) and 40 (more heads than the kernel's groups
+# hold), head sizes on and off the 16-wide lanes
+SHAPES = [(1, 12, 2, 128), (2, 4, 1, 64), (1, 7, 7, 80), (1, 14, 2, 72), (2, 12, 1, 32), (1, 6, 2, 256),
+          (1, 40, 1, 32)]
 
 
 @functools.cache
