@@ -279,11 +279,12 @@ template <typename TK>
 }
 #endif
 
-// One thread's buffers for a group of M members (query rows) over S keys
+// One thread's buffers for a group of M members (query rows) over S keys, kept from group to group
 struct Scratch {
-  std::vector<float> s, qf, o, kb;
+  std::vector<float> s, qf, o, kb, l;
+  std::vector<int64_t> end;
   void fit(int64_t M, int64_t S, int64_t D) {
-    s.resize(M * S), qf.resize(M * D), o.resize(M * D), kb.resize(16 * D);
+    s.resize(M * S), qf.resize(M * D), o.resize(M * D), kb.resize(16 * D), l.resize(M), end.resize(M);
   }
 };
 
@@ -347,7 +348,8 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
   float* s = w.s.data();
   float* qf = w.qf.data();
   float* o = w.o.data();
-  std::vector<int64_t> end(M);  // member m = (head h0 + m / nr, row r0 + m % nr)
+  float* l = w.l.data();        // member m's Σ e_j
+  int64_t* end = w.end.data();  // member m = (head h0 + m / nr, row r0 + m % nr): its keys j < end[m]
   int64_t jend = 0;
   for (int64_t m = 0; m < M; m++) {
     const int64_t h = h0 + m / nr, r = r0 + m % nr;
@@ -373,7 +375,6 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
       for (int64_t m = 0; m < M; m++) dots_block(qf + m * D, D, kb, s + m * S + j0);
     }
 #endif
-  std::vector<float> l(M);
   for (int64_t m = 0; m < M; m++) {  // the keys left (all of them without SIMD), then each member's softmax terms
     dots<TK>(qf + m * D, k + j0 * a.ks[2], a.ks[2], jend - j0, D, s + m * S + j0);
     const int64_t h = h0 + m / nr, r = r0 + m % nr;
@@ -386,7 +387,7 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
     constexpr int MB = ACCS / 4;  // members sharing the value loads, 4 chunks each (AVX2: one)
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int n = (int)std::min<int64_t>(MB, M - m0);
-      weighted_values_n<TK>(n, v, a.vs[2], D, S, jend, s + m0 * S, l.data() + m0, o + m0 * D);
+      weighted_values_n<TK>(n, v, a.vs[2], D, S, jend, s + m0 * S, l + m0, o + m0 * D);
     }
     done = true;
   }

@@ -85,10 +85,11 @@ def row_linear(linear: nn.Module) -> nn.Module:
 
 def step_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention for queries [B, H, T, D], cross-attention computed in its keys' dtype (fp32 on
-    a CPU for Whisper without the rows kernel: models.whisper.cross_attention_dtype), the output back in the queries'. One query reads only
-    from the first key its mask shows in some row (a sliding window hides the keys before it: a step and a pass's
-    row then read the same W keys, however many the cache held), and its mask is dropped when it then hides nothing,
-    as transformers' sdpa path drops it (a mask takes another kernel). -> (out [B, T, H, D], None)."""
+    a CPU for Whisper without the rows kernel: models.whisper.cross_attention_dtype), the output back in the
+    queries'. One query reads only from the first key its mask shows in some row (a sliding window hides the keys
+    before it: a step and a pass's row then read the same W keys, however many the cache held), and its mask is
+    dropped when it then hides nothing, as transformers' sdpa path drops it (a mask takes another kernel).
+    -> (out [B, T, H, D], None)."""
     if query.shape[2] == 1:
         start = _first_shown(attention_mask)
         if start:
