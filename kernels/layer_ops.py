@@ -1,14 +1,15 @@
 """The small operations around a Llama-shaped layer's products on a CPU, fused in C++ (layer_ops.cpp; its top states
 the arithmetic), each beside the torch ops it stands for (transformers' own: what runs where the kernel does not).
 
-    LayerOps    for one dtype:
-                  add_rms     x + y (in place into x's tensor) and the RMS norm of the sum, per row: bf16 ops as
+    LayerOps    for one dtype (bf16 or fp32):
+                  add_rms     x + y (in place into x's tensor) and the RMS norm of the sum, per row: each op as
                               torch's, the sum of squares in an order of its own (add_rms_twin: that arithmetic in
                               torch ops, for tests: the same bits)
                   rope_store  the rotary embedding of q and k (torch's bits), k and v written into the KV cache
 
 decoding/llama_like.py calls them: a Qwen2.5-1.5B step spent ~1.2 ms in 57 RMS norms of 8 torch ops each and ~0.7 ms
-in the rotary embedding and cache writes (AMD EPYC, 2 threads).
+in the rotary embedding and cache writes (AMD EPYC Zen 5, 2 threads, bf16); in fp32 on a Zen 3 without AVX-512
+(where activations are fp32) the torch ops took ~10 ms a step.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ KERNEL = cpp.Extension("layer_ops", SOURCE, ["-O3", "-march=native", "-ffp-contr
 
 
 class LayerOps:
-    """add_rms and rope_store for activations of one dtype: the fused kernel's where it runs (bf16 on a CPU, the
-    kernel built), else torch's ops (transformers' own: the norm module itself, its rotary embedding's operations)."""
+    """add_rms and rope_store for activations of one dtype: the fused kernel's where it runs (bf16 or fp32 on a CPU,
+    the kernel built), else torch's ops (transformers' own: the norm module itself, its rotary embedding's operations)."""
 
     def __init__(self, dtype: torch.dtype):
-        self.ext: Any = KERNEL.module() if dtype == torch.bfloat16 else None
+        self.ext: Any = KERNEL.module() if dtype in (torch.bfloat16, torch.float32) else None
 
     def add_rms(self, x: torch.Tensor, y: torch.Tensor | None, norm: torch.nn.Module):
         """(s, norm(s)) for s = x + y (x itself without y), x, y [..., d] (x contiguous); norm: the model's RMS norm
@@ -57,7 +58,7 @@ class LayerOps:
 
 
 def add_rms_twin(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """add_rms's arithmetic (layer_ops.cpp's top) in torch ops, operation for operation: (s, norm(s)), bf16."""
+    """add_rms's arithmetic (layer_ops.cpp's top) in torch ops, operation for operation: (s, norm(s)), bf16 or fp32."""
     s = x if y is None else x + y
     f = s.float()  # [..., d]
     d = f.shape[-1]
@@ -70,8 +71,10 @@ def add_rms_twin(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, 
     r = lanes[..., 0]
     for i in range(d16, d):
         r = r + f[..., i] * f[..., i]
-    inv = 1 / torch.sqrt(r / d + eps)
-    return s, weight * (f * inv[..., None]).to(torch.bfloat16)
+    # r / d, not r / 1/d (what torch does for a scalar d); sqrt correctly rounded (fp64's rounded to fp32: exact), as
+    # std::sqrt is and torch's vectorized fp32 sqrt is not on every CPU
+    inv = 1 / torch.sqrt((r / torch.full_like(r, d) + eps).double()).float()
+    return s, weight * (f * inv[..., None]).to(s.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

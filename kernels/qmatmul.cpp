@@ -498,11 +498,211 @@ AVX2_FN void unpack8_avx2(int qtype, const uint8_t* b, uint8_t* u, int16_t* s, f
   }
 }
 
+// The weights PREFETCH_BYTES ahead of a block of n bytes at b (a thread's rows are one stream), up to end
+inline void prefetch(const uint8_t* b, int64_t n, const uint8_t* end) {
+  const uint8_t* a = b + PREFETCH_BYTES;
+  if (a + n <= end)
+    for (int64_t l = 0; l < n; l += 64) _mm_prefetch((const char*)(a + l), _MM_HINT_T0);
+}
+
+// Q4_K / Q5_K, from a block's first 16 bytes (d, dmin and the 12 packed bytes s_i = byte 4 + i), in one register:
+// bytes 0–7 sc_j, 8–15 m_j (kquant_scales' values). Low bits: sc_j = s_j & 63, m_j = s_4+j & 63 (j < 4),
+// sc_j = s_4+j & 15, m_j = s_4+j >> 4 (j ≥ 4); top two bits (j ≥ 4): those of s_j−4 (sc), s_j (m).
+AVX2_FN inline __attribute__((always_inline)) __m128i kquant_scales16(__m128i q) {
+  const __m128i lo = _mm_shuffle_epi8(q, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m128i hi = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+  const __m128i low = _mm_and_si128(_mm_blend_epi16(lo, _mm_srli_epi16(lo, 4), 0xC0),
+                                    _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  return _mm_or_si128(low, _mm_srli_epi16(_mm_and_si128(hi, _mm_set1_epi8((char)0xC0)), 2));
+}
+
+// A K-quant group's minimums dmin · float(m_j), 8 at once (row_mins' products), from kquant_scales16 and d, dmin
+AVX2_FN inline __attribute__((always_inline)) void mins8(__m128i sm, __m128 dd, float* mm) {
+  __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+  _mm256_storeu_ps(mm, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mf));
+}
+
+// quantize_row8_portable's values with AVX2 (max, one fp32 multiply, rint under the default rounding: to nearest,
+// ties to even; ±127 at most), x32 where asked for
+template <typename T>
+AVX2_FN void quantize_row8_avx2(const T* x, int64_t K, int qtype, int8_t* xq, float* dx, float* xsd, int16_t* x32) {
+  alignas(32) float buf[256];
+  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t g = 0; g < K / 256; g++) {
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 256; i += 8) {
+      __m256 v;
+      if constexpr (std::is_same_v<T, float>) {
+        v = _mm256_loadu_ps(x + g * 256 + i);
+      } else {  // bf16: the upper half of an fp32
+        v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(x + g * 256 + i))), 16));
+      }
+      _mm256_store_ps(buf + i, v);
+      mx = _mm256_max_ps(mx, _mm256_and_ps(v, absmask));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    dx[g] = amax / 127.f;
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int j = 0; j < 8; j++) {
+      __m256i a[4];
+      for (int t = 0; t < 4; t++)
+        a[t] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(buf + 32 * j + 8 * t), iv)), lim), nlim);
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
+      const __m256i q = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // in order
+      _mm256_storeu_si256((__m256i*)(xq + g * 256 + 32 * sub_slot(qtype, j)), q);
+      const __m256i t2 = _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
+      __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256(t2, 1));
+      t1 = _mm_add_epi32(t1, _mm_srli_si128(t1, 8));
+      t1 = _mm_add_epi32(t1, _mm_srli_si128(t1, 4));
+      xsd[g * 8 + j] = (float)_mm_cvtsi128_si32(t1) * dx[g];
+    }
+    if (x32)
+      for (int k = 0; k < 8; k++)
+        _mm256_storeu_si256((__m256i*)(x32 + g * 128 + 16 * k),
+                            _mm256_maddubs_epi16(_mm256_set1_epi8(32), _mm256_loadu_si256((const __m256i*)(xq + g * 256 + 32 * k))));
+  }
+  for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
+}
+
 AVX2_FN inline __m256i madd2(__m256i acc, __m256i a, __m256i b) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 
+// tree16 of lanes 0–7 (a) and 8–15 (b), in registers
+AVX2_FN inline __attribute__((always_inline)) float tree16_avx2(__m256 a, __m256 b) {
+  const __m256 t8 = _mm256_add_ps(a, b);
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // [t4_0 + t4_2, t4_1 + t4_3, ..]
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+// min_lanes_portable's mn, lanes 0–7 and 8–15, then its tree
+AVX2_FN inline __attribute__((always_inline)) float min_tree_avx2(const float* mm, const float* xsd, int64_t S16) {
+  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+  for (int64_t j = 0; j < S16; j += 16) {
+    a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(mm + j), _mm256_loadu_ps(xsd + j)));
+    b = _mm256_add_ps(b, _mm256_mul_ps(_mm256_loadu_ps(mm + j + 8), _mm256_loadu_ps(xsd + j + 8)));
+  }
+  return tree16_avx2(a, b);
+}
+
+// K-quants, calls of few rows (M ≤ SMALL_ROWS): one weight row × MR rows, each group unpacked in registers and
+// applied to the tile's rows, the accumulators in registers across the groups. A 32-position slot s (kernel order)
+// is one ymm: its pairs' products (vpmaddubsw) times their sub-block scale (vpmaddwd) go to lanes 8·(s % 2) ..
+// 8·(s % 2) + 7 of the 16. Q6_K: q · x less 32 · x by pairs (x32), then the scale.
+// The float steps are the portable path's, in its order. `first`: the tile that writes the row's minimums into mm.
+template <int QT, int MR>
+AVX2_FN void fused_avx2(const Call& c, int64_t n, int64_t m0, bool first, float* mm) {
+  const int64_t groups = c.K / 256;
+  const uint8_t* xr[MR];
+  const int16_t* x32[MR];  // Q6_K
+  for (int i = 0; i < MR; i++) {
+    xr[i] = (const uint8_t*)c.xq8 + (m0 + i) * c.K;
+    x32[i] = QT == Q6_K ? c.x32 + (m0 + i) * (c.K / 2) : nullptr;
+  }
+  const uint8_t* row = c.w + n * c.row_bytes;
+  const uint8_t* end = c.w + c.N * c.row_bytes;
+  const __m256i lo4 = _mm256_set1_epi8(15);
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* b = row + g * c.f.block_bytes;
+    if (first) prefetch(b, c.f.block_bytes, end);
+    const uint8_t* xg[MR];
+    for (int i = 0; i < MR; i++) xg[i] = xr[i] + g * 256;
+    __m256i is[MR][2];
+    for (int i = 0; i < MR; i++) is[i][0] = is[i][1] = _mm256_setzero_si256();
+    float d;
+    if constexpr (QT == Q6_K) {
+      d = f16c(rd16(b + 208));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 192)));  // 16 scales
+      const __m256i sca = _mm256_permute2x128_si256(sc16, sc16, 0x00), scb = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+      const __m256i qh0 = _mm256_loadu_si256((const __m256i*)(b + 128)), qh1 = _mm256_loadu_si256((const __m256i*)(b + 160));
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; s++) {  // elements 32s ..: element 128h + 32t + l, h = s / 4, t = s % 4: the nibble
+        const int h = s / 4, t = s % 4;  // t / 2 of ql[64h + 32 (t % 2) + l], bits 2t of qh[32h + l]
+        __m256i q = _mm256_loadu_si256((const __m256i*)(b + 64 * h + 32 * (t % 2)));
+        if (t / 2) q = _mm256_srli_epi16(q, 4);
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(h ? qh1 : qh0, 2 * t), _mm256_set1_epi8(3));
+        q = _mm256_or_si256(_mm256_and_si256(q, lo4), _mm256_slli_epi16(hb, 4));  // q, unsigned
+        // sub-blocks 2s (bytes 0–15: the low lane) and 2s + 1: words 2s % 8 and 2s % 8 + 1 of sca or scb
+        const int w0 = (2 * s) % 8;
+        const __m256i sv = _mm256_shuffle_epi8(s < 4 ? sca : scb,
+                                               _mm256_setr_epi8(2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
+                                                                2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
+                                                                2 * w0 + 2, 2 * w0 + 3, 2 * w0 + 2, 2 * w0 + 3, 2 * w0 + 2, 2 * w0 + 3, 2 * w0 + 2, 2 * w0 + 3,
+                                                                2 * w0 + 2, 2 * w0 + 3, 2 * w0 + 2, 2 * w0 + 3, 2 * w0 + 2, 2 * w0 + 3, 2 * w0 + 2, 2 * w0 + 3));
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {  // q · x − 32 · x, pair by pair (|·| ≤ 2 · 63 · 127 + 2 · 32 · 127 < 2¹⁵)
+          const __m256i pr = _mm256_sub_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)(xg[i] + 32 * s))),
+                                              _mm256_loadu_si256((const __m256i*)(x32[i] + g * 128 + 16 * s)));
+          is[i][s % 2] = _mm256_add_epi32(is[i][s % 2], _mm256_madd_epi16(pr, sv));
+        }
+      }
+    } else {
+      const __m128i q16 = _mm_loadu_si128((const __m128i*)b);
+      const __m128 dd = _mm_cvtph_ps(q16);  // d, dmin
+      d = _mm_cvtss_f32(dd);
+      const __m128i sm = kquant_scales16(q16);
+      if (first) mins8(sm, dd, mm + g * 8);
+      const __m256i scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // sc_0..7 as words, both lanes
+      const uint8_t* qs = b + (QT == Q5_K ? 48 : 16);
+      const __m256i vh = QT == Q5_K ? _mm256_loadu_si256((const __m256i*)(b + 16)) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int sb = 0; sb < 8; sb++) {  // sub-block sb: the nibble sb % 2 of qs[32 (sb / 2) ..], at slot SB[sb]
+        __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * (sb / 2)));
+        if (sb % 2) q = _mm256_srli_epi16(q, 4);
+        q = _mm256_and_si256(q, lo4);
+        if constexpr (QT == Q5_K)  // its fifth bit: bit sb of qh
+          q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(vh, sb), _mm256_set1_epi8(1)), 4));
+        const __m256i sv = _mm256_shuffle_epi8(scw, _mm256_set1_epi16((short)((2 * sb + 1) << 8 | 2 * sb)));
+        const int slot = SB[sb];
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+          const __m256i pr = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)(xg[i] + 32 * slot)));
+          is[i][slot % 2] = _mm256_add_epi32(is[i][slot % 2], _mm256_madd_epi16(pr, sv));
+        }
+      }
+    }
+    for (int i = 0; i < MR; i++) {
+      const __m256 sc = _mm256_set1_ps(d * c.dx[(m0 + i) * groups + g]);
+      for (int h = 0; h < 2; h++) acc[i][h] = _mm256_add_ps(acc[i][h], _mm256_mul_ps(_mm256_cvtepi32_ps(is[i][h]), sc));
+    }
+  }
+  for (int i = 0; i < MR; i++) {
+    const int64_t m = m0 + i;
+    const float ymn = c.f.kmin ? min_tree_avx2(mm, c.xsd + m * c.S16, c.S16) : 0.f;
+    put(c, m * c.N + n, finish(c, tree16_avx2(acc[i][0], acc[i][1]), ymn, n));
+  }
+}
+
+// Rows of a small call in tiles of ≤ 3 (the registers of a tile), of sizes as equal as they can be
+template <int QT>
+AVX2_FN void small_avx2(const Call& c, int64_t n, float* mm) {
+  const int64_t tiles = (c.M + 2) / 3;
+  for (int64_t t = 0, m0 = 0; t < tiles; t++) {
+    const int64_t mt = (c.M - m0) / (tiles - t);
+    if (mt == 1) fused_avx2<QT, 1>(c, n, m0, t == 0, mm);
+    else if (mt == 2) fused_avx2<QT, 2>(c, n, m0, t == 0, mm);
+    else fused_avx2<QT, 3>(c, n, m0, t == 0, mm);
+    m0 += mt;
+  }
+}
+
 AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
+  if (c.f.G == 256 && c.M <= SMALL_ROWS) {
+    std::vector<float> mm(c.S16);  // zero past K / 32
+    for (int64_t n = n0; n < n1; n++) {
+      if (c.qtype == Q6_K) small_avx2<Q6_K>(c, n, mm.data());
+      else if (c.qtype == Q5_K) small_avx2<Q5_K>(c, n, mm.data());
+      else small_avx2<Q4_K>(c, n, mm.data());
+    }
+    return;
+  }
   const int G = c.f.G, chunks = G / 32;
   const int64_t groups = c.K / G;
   const bool mins = c.f.kmin || c.f.lmin;
@@ -649,17 +849,6 @@ VNNI_FN inline __attribute__((always_inline)) __m512 min_lanes_avx512(const floa
   return mn;
 }
 
-// Q4_K / Q5_K, from a block's first 16 bytes (d, dmin and the 12 packed bytes s_i = byte 4 + i), in one register:
-// bytes 0–7 sc_j, 8–15 m_j (kquant_scales' values). Low bits: sc_j = s_j & 63, m_j = s_4+j & 63 (j < 4),
-// sc_j = s_4+j & 15, m_j = s_4+j >> 4 (j ≥ 4); top two bits (j ≥ 4): those of s_j−4 (sc), s_j (m).
-VNNI_FN inline __m128i kquant_scales16(__m128i q) {
-  const __m128i lo = _mm_shuffle_epi8(q, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m128i hi = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
-  const __m128i low = _mm_and_si128(_mm_blend_epi16(lo, _mm_srli_epi16(lo, 4), 0xC0),
-                                    _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
-  return _mm_or_si128(low, _mm_srli_epi16(_mm_and_si128(hi, _mm_set1_epi8((char)0xC0)), 2));
-}
-
 // unpack8_portable's values, a 64-position chunk a zmm: the file's 64-byte load of nibbles is one chunk as it is.
 // load8 reads a group's bytes into registers, chunk8 makes chunk k's quants (Q6_K: q − 32, signed) and scales.
 struct Raw8 {
@@ -728,12 +917,6 @@ VNNI_FN inline __attribute__((always_inline)) void chunk8(const Raw8& r, int k, 
   }
 }
 
-// A K-quant group's minimums dmin · float(m_j), 8 at once (row_mins' products), from kquant_scales16 and d, dmin
-VNNI_FN inline __attribute__((always_inline)) void mins8(__m128i sm, __m128 dd, float* mm) {
-  __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
-  _mm256_storeu_ps(mm, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mf));
-}
-
 template <int QT>
 VNNI_FN void unpack8_avx512_t(const uint8_t* b, uint8_t* u, int16_t* s, float& d) {
   const Raw8 r = load8<QT>(b);
@@ -750,13 +933,6 @@ VNNI_FN void unpack8_avx512(int qtype, const uint8_t* b, uint8_t* u, int16_t* s,
   if (qtype == Q6_K) unpack8_avx512_t<Q6_K>(b, u, s, d);
   else if (qtype == Q5_K) unpack8_avx512_t<Q5_K>(b, u, s, d);
   else unpack8_avx512_t<Q4_K>(b, u, s, d);
-}
-
-// The weights PREFETCH_BYTES ahead of a block of n bytes at b (a thread's rows are one stream), up to end
-inline void prefetch(const uint8_t* b, int64_t n, const uint8_t* end) {
-  const uint8_t* a = b + PREFETCH_BYTES;
-  if (a + n <= end)
-    for (int64_t l = 0; l < n; l += 64) _mm_prefetch((const char*)(a + l), _MM_HINT_T0);
 }
 
 // Groups of one weight row, unpacked: G = 32: w int16 [K]; K-quants: u [groups · 256] and s [groups · 128] (a
@@ -1283,6 +1459,10 @@ void quantize_rows_t(const T* x, const Call& c, int path, int16_t* xq, int8_t* x
 #if QMM_X86
         if (path == AVX512VNNI) {
           quantize_row8_avx512<T>(x + m * K, K, c.qtype, xq8 + m * K, dxm, xsdm, xu ? xu + m * K : nullptr);
+          continue;
+        }
+        if (path == AVX2) {
+          quantize_row8_avx2<T>(x + m * K, K, c.qtype, xq8 + m * K, dxm, xsdm, x32m);
           continue;
         }
 #endif

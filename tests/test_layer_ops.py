@@ -13,28 +13,35 @@ from specdec_cli.kernels import layer_ops
 pytestmark = pytest.mark.skipif(layer_ops.KERNEL.module() is None, reason="the layer_ops kernel did not build")
 
 
+DTYPES = [torch.bfloat16, torch.float32]
+UNIT = {torch.bfloat16: 2**-8, torch.float32: 2**-24}  # unit roundoff
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 1536, 896, 72])  # 72: a tail past the 16 lanes
-def test_add_rms_is_its_twin_and_the_norm(d):
+def test_add_rms_is_its_twin_and_the_norm(d, dtype):
     torch.manual_seed(d)
-    x = (torch.randn(5, d) * 3).to(torch.bfloat16)
-    y = torch.randn(5, d).to(torch.bfloat16)
-    w = (torch.rand(d) + 0.5).to(torch.bfloat16)
+    x = (torch.randn(5, d) * 3).to(dtype)
+    y = torch.randn(5, d).to(dtype)
+    w = (torch.rand(d) + 0.5).to(dtype)
     eps = 1e-6
     want = layer_ops.add_rms_twin(x, y, w, eps)[1]
-    ops = layer_ops.LayerOps(torch.bfloat16)
-    norm = LlamaRMSNorm(d, eps).to(torch.bfloat16)
+    ops = layer_ops.LayerOps(dtype)
+    assert ops.ext is not None
+    norm = LlamaRMSNorm(d, eps).to(dtype)
     with torch.no_grad():
         norm.weight.copy_(w)
     x_in = x.clone()
     s, got = ops.add_rms(x_in, y, norm)
-    assert s is x_in and torch.equal(s, x + y)  # the sum in place, torch's bf16 add
+    assert s is x_in and torch.equal(s, x + y)  # the sum in place, torch's add
     assert torch.equal(got, want)
     assert torch.equal(ops.add_rms(x.clone().view(1, 5, d), y.view(1, 5, d), norm)[1], want.view(1, 5, d))  # [..., d]
-    # the fp64 norm of the same bf16 sum: two bf16 roundings (h, then w · h: exact in fp32) of unit roundoff 2⁻⁸,
-    # and the fp32 sum of d squares, the division, sqrt and reciprocal (≤ (d/2 + 5) · 2⁻²⁴ on the scale)
+    # the fp64 norm of the same sum: two roundings to the dtype (h, then w · h) of unit roundoff u, and the fp32
+    # sum of d squares, the division, sqrt and reciprocal (≤ (d/2 + 5) · 2⁻²⁴ on the scale)
     f = s.double()
     ref = w.double() * f / torch.sqrt(f.pow(2).mean(-1, keepdim=True) + eps)
-    bound = ref.abs() * (2 * 2**-8 + 2**-16 + (d / 2 + 6) * 2**-24)
+    u = UNIT[dtype]
+    bound = ref.abs() * (2 * u + u**2 + (d / 2 + 6) * 2**-24)
     assert bool(((got.double() - ref).abs() <= bound).all())
     # without y: the norm of x, x untouched
     x_in = x.clone()
@@ -46,15 +53,16 @@ def test_add_rms_is_its_twin_and_the_norm(d):
         assert torch.equal(alone[0], want[m])
 
 
-def test_rope_store_is_torchs_rotary_embedding(monkeypatch):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_store_is_torchs_rotary_embedding(monkeypatch, dtype):
     torch.manual_seed(0)
     B, T, H, KVH, D, S, start = 2, 3, 6, 2, 64, 16, 5
-    joint = torch.randn(B, T, (H + 2 * KVH) * D).to(torch.bfloat16)  # q, k, v side by side, as a joint product
+    joint = torch.randn(B, T, (H + 2 * KVH) * D).to(dtype)  # q, k, v side by side, as a joint product
     q, k, v = (t.view(B, T, -1, D) for t in joint.split([H * D, KVH * D, KVH * D], -1))
     angles = torch.randn(B, T, D // 2).repeat(1, 1, 2)
-    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
-    caches = [torch.full((B, KVH, S, D), float("nan"), dtype=torch.bfloat16) for _ in range(4)]
-    got = layer_ops.LayerOps(torch.bfloat16).rope_store(q, k, v, cos, sin, caches[0], caches[1], start)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    caches = [torch.full((B, KVH, S, D), float("nan"), dtype=dtype) for _ in range(4)]
+    got = layer_ops.LayerOps(dtype).rope_store(q, k, v, cos, sin, caches[0], caches[1], start)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     want_q = q.transpose(1, 2) * c + layer_ops.rotate_half(q.transpose(1, 2)) * s  # transformers' ops
     want_k = k.transpose(1, 2) * c + layer_ops.rotate_half(k.transpose(1, 2)) * s
@@ -64,7 +72,7 @@ def test_rope_store_is_torchs_rotary_embedding(monkeypatch):
     assert caches[0][:, :, :start].isnan().all() and caches[0][:, :, start + T :].isnan().all()  # no other slot
     # the torch path (where the kernel does not run) gives and writes the same
     monkeypatch.setattr(layer_ops.KERNEL, "module", lambda: None)
-    torch_ops = layer_ops.LayerOps(torch.bfloat16)
+    torch_ops = layer_ops.LayerOps(dtype)
     assert torch_ops.ext is None
     assert torch.equal(torch_ops.rope_store(q, k, v, cos, sin, caches[2], caches[3], start), got)
     for torch_path, kernel_path in ((caches[2], caches[0]), (caches[3], caches[1])):
