@@ -3,6 +3,7 @@ M of a call: ms per call (median over interleaved rounds) and each contender's r
 in the same rounds. The machine is shared: contenders run A B C A B C ..., starting each round one later.
 
     bf16        F.linear with bf16 weights (what specdec runs today)
+    fp32        F.linear with fp32 weights and x (what runs where the CPU has no bf16 arithmetic: models/device.py)
     int8pack    torch._weight_int8pack_mm: int8 weights, one bf16 scale per output row
     int4pack    torch._weight_int4pack_mm_for_cpu: int4 weights, groups of 32 (Q4_K's sub-block), bf16 x
     fbgemm-i8   torch's dynamic int8 linear (fbgemm; activations quantized per call, fp32 in and out)
@@ -51,6 +52,11 @@ def _copies(bytes_one: int, cache_mb: int) -> int:
 def make_bf16(N, K, cache_mb):
     ws = [torch.randn(N, K, dtype=torch.bfloat16) * 0.02 for _ in range(_copies(N * K * 2, cache_mb))]
     return lambda x, i: F.linear(x, ws[i % len(ws)])
+
+
+def make_fp32(N, K, cache_mb):
+    ws = [torch.randn(N, K) * 0.02 for _ in range(_copies(N * K * 4, cache_mb))]
+    return lambda x, i: F.linear(x.float(), ws[i % len(ws)])
 
 
 def make_int8pack(N, K, cache_mb):
@@ -133,7 +139,7 @@ def make_gguf(qtype):
     return make
 
 
-CONTENDERS = {"bf16": make_bf16, "int8pack": make_int8pack, "int4pack": make_int4pack, "fbgemm-i8": make_fbgemm,
+CONTENDERS = {"bf16": make_bf16, "fp32": make_fp32, "int8pack": make_int8pack, "int4pack": make_int4pack, "fbgemm-i8": make_fbgemm,
               "i8rows": make_i8rows, "ao-i8wo": make_ao_i8wo, "inductor-i8": make_inductor("i8"), "inductor-i4": make_inductor("i4")}
 GGUF_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 CONTENDERS.update({t: make_gguf(t) for t in GGUF_TYPES})
