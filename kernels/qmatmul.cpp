@@ -1746,13 +1746,147 @@ VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, con
     }
   });
 }
+
+// The same product with AVX2 (no VNNI): a ymm's 8 lanes 8 outputs, Packed's 16 rows two ymm; 4 bytes of a row of x
+// broadcast times the quants by pairs (vpmaddubsw), widened to int32 (vpmaddwd by ones) once a slot for Q4_K (its
+// pairs' int16 sums over a slot stay below 8 · 2 · 15 · 127 < 2¹⁵), every 4 bytes for the others; tiles of 3 rows
+// (4 ran no faster). On a Zen 3, 501 rows: 1.4–1.6× the fp32 GEMM of the dequantized weights (gate/up 68 against
+// 99 ms), ~100 GMAC/s, a quarter of the products' peak: what holds it back is not measured yet.
+template <int QT>
+AVX2_FN void pack16_avx2(const Call& c, int64_t n0, Packed& p) {
+  const int64_t groups = c.K / 256;
+  alignas(32) uint8_t u[256];
+  alignas(32) int16_t s8[128];
+  for (int n = 0; n < 16; n++) {
+    const uint8_t* row = c.w + (n0 + n) * c.row_bytes;
+    for (int64_t g = 0; g < groups; g++) {
+      const uint8_t* b = row + g * c.f.block_bytes;
+      float d;
+      unpack8_avx2(QT, b, u, s8, d);
+      uint8_t* q = p.rows.data() + n * c.K + g * 256;
+      if constexpr (QT == Q6_K) {  // q − 32, signed; mn: what x + 128 adds, 128 · d · Σ sc_j · Σ (q − 32)
+        const int8_t* s6 = (const int8_t*)(b + 192);
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++) {
+          p.s[(g * 16 + j) * 16 + n] = d * (float)s6[j];
+          int32_t t = 0;
+          for (int i = 0; i < 16; i++) {
+            q[16 * j + i] = (uint8_t)(u[16 * j + i] - 32);
+            t += (int8_t)q[16 * j + i];
+          }
+          sum += (int32_t)s6[j] * t;
+        }
+        p.mn[g * 16 + n] = 128.f * d * (float)sum;
+      } else {
+        std::memcpy(q, u, 256);
+        int16_t sc[8];
+        int32_t mn[8];
+        kquant_scales(b + 4, sc, mn);
+        const float dmin = f16c(rd16(b + 2));
+        for (int j = 0; j < 8; j++) {
+          p.s[(g * 8 + j) * 16 + n] = d * (float)sc[SB[j]];  // slot j holds sub-block SB[j]
+          p.mn[(g * 8 + j) * 16 + n] = dmin * (float)mn[j];  // natural j
+        }
+      }
+    }
+  }
+  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)c.K));
+  for (int64_t k4 = 0; k4 < c.K / 4; k4++)  // the 16 rows' 4 bytes at k4: two gathers
+    for (int h = 0; h < 2; h++)
+      _mm256_storeu_si256((__m256i*)(p.q.data() + k4 * 64 + 32 * h),
+                          _mm256_i32gather_epi32((const int*)(p.rows.data() + 8 * h * c.K + 4 * k4), idx, 1));
+}
+
+AVX2_FN inline __m128i bf16_rne_avx2(__m256 v) {  // bf16_rne, 8 values
+  __m256i b = _mm256_castps_si256(v);
+  b = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1))));
+  b = _mm256_srli_epi32(b, 16);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08));
+}
+
+// R rows × the 16 outputs of p, into y [M, N] fp32 or bf16
+template <int QT, int R, typename O>
+AVX2_FN void prompt_tile_avx2(const Call& c, const Packed& p, const int8_t* xq, const float* dx, const float* xm,
+                              int64_t S, int64_t xs, int64_t m0, int64_t n0, O* y) {
+  constexpr int SLOT = QT == Q6_K ? 16 : 32, SLOTS = 256 / SLOT;
+  const int64_t groups = c.K / 256;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R][2];
+  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const int8_t* xr[R];
+  for (int r = 0; r < R; r++) xr[r] = xq + (m0 + r) * c.K;
+  for (int64_t g = 0; g < groups; g++) {
+    __m256 gacc[R][2];
+    for (int r = 0; r < R; r++) gacc[r][0] = gacc[r][1] = _mm256_setzero_ps();
+    for (int j = 0; j < SLOTS; j++) {
+      __m256i ia[R][2];  // Q4_K: int16 pair sums, widened at the slot's end; else int32
+      for (int r = 0; r < R; r++) ia[r][0] = ia[r][1] = _mm256_setzero_si256();
+      const int64_t k40 = (g * 256 + j * SLOT) / 4;
+#pragma GCC unroll 8
+      for (int t = 0; t < SLOT / 4; t++) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i*)(p.q.data() + (k40 + t) * 64));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i*)(p.q.data() + (k40 + t) * 64 + 32));
+        for (int r = 0; r < R; r++) {
+          int32_t xv;
+          std::memcpy(&xv, xr[r] + 4 * (k40 + t), 4);
+          const __m256i xb = _mm256_set1_epi32(xv);
+          for (int h = 0; h < 2; h++) {
+            const __m256i w = h ? w1 : w0;  // Q6_K: x + 128 unsigned, q − 32 signed; else the quants unsigned
+            const __m256i pr = QT == Q6_K ? _mm256_maddubs_epi16(xb, w) : _mm256_maddubs_epi16(w, xb);
+            ia[r][h] = QT == Q4_K ? _mm256_add_epi16(ia[r][h], pr) : _mm256_add_epi32(ia[r][h], _mm256_madd_epi16(pr, ones));
+          }
+        }
+      }
+      for (int h = 0; h < 2; h++) {
+        const __m256 s = _mm256_loadu_ps(p.s.data() + (g * SLOTS + j) * 16 + 8 * h);
+        for (int r = 0; r < R; r++) {
+          const __m256i i32 = QT == Q4_K ? _mm256_madd_epi16(ia[r][h], ones) : ia[r][h];
+          gacc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), s, gacc[r][h]);
+        }
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      const __m256 d = _mm256_set1_ps(dx[(m0 + r) * groups + g]);
+      for (int h = 0; h < 2; h++) acc[r][h] = _mm256_fmadd_ps(gacc[r][h], d, acc[r][h]);
+    }
+  }
+  for (int64_t j = 0; j < S; j++)  // the minimums (Q6_K: the 128 of x + 128 a group), j natural
+    for (int h = 0; h < 2; h++) {
+      const __m256 mv = _mm256_loadu_ps(p.mn.data() + j * 16 + 8 * h);
+      for (int r = 0; r < R; r++) acc[r][h] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(xm[(m0 + r) * xs + j]), acc[r][h]);
+    }
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < 2; h++) {
+      __m256 v = acc[r][h];
+      if (c.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(c.bias + n0 + 8 * h));
+      if constexpr (std::is_same_v<O, float>) _mm256_storeu_ps(y + (m0 + r) * c.N + n0 + 8 * h, v);
+      else _mm_storeu_si128((__m128i*)(y + (m0 + r) * c.N + n0 + 8 * h), bf16_rne_avx2(v));
+    }
+}
+
+template <int QT, typename O>
+AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const float* xm, int64_t S, int64_t xs,
+                         O* y) {
+  constexpr int SLOT = QT == Q6_K ? 16 : 32;
+  at::parallel_for(0, c.N / 16, 1, [&](int64_t b0, int64_t b1) {
+    Packed p(c.K, SLOT);
+    for (int64_t b = b0; b < b1; b++) {
+      pack16_avx2<QT>(c, 16 * b, p);
+      int64_t m = 0;
+      for (; m + 3 <= c.M; m += 3) prompt_tile_avx2<QT, 3, O>(c, p, xq, dx, xm, S, xs, m, 16 * b, y);
+      if (c.M - m == 2) prompt_tile_avx2<QT, 2, O>(c, p, xq, dx, xm, S, xs, m, 16 * b, y);
+      else if (c.M - m == 1) prompt_tile_avx2<QT, 1, O>(c, p, xq, dx, xm, S, xs, m, 16 * b, y);
+    }
+  });
+}
 #endif  // QMM_X86
 
-// A prompt's product, Q4_K / Q6_K on AVX-512 VNNI (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
+// A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K only");
-  TORCH_CHECK(best_path() == AVX512VNNI, "qmatmul.mm_prompt: needs AVX-512 VNNI");
+  const int path = best_path();
+  TORCH_CHECK(path >= AVX2, "qmatmul.mm_prompt: needs AVX2 or AVX-512 VNNI");
   TORCH_CHECK(N % 16 == 0, "qmatmul.mm_prompt: N must be a multiple of 16");
   const Operands o = operands("qmatmul.mm_prompt", x, w, qtype, N, K, bias);
   const int64_t M = o.M;
@@ -1762,17 +1896,23 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
   Call c{w.data_ptr<uint8_t>(), N, K, M, o.row_bytes, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr,
          dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr};
   // Q6_K: x + 128 as unsigned bytes (mm's xu), in place of xq8
-  quantize_rows(o.x, c, AVX512VNNI, nullptr, xq8.data(), nullptr, qtype == Q6_K ? (uint8_t*)xq8.data() : nullptr,
+  const bool wide = path == AVX512VNNI;
+  quantize_rows(o.x, c, path, nullptr, xq8.data(), nullptr, qtype == Q6_K && wide ? (uint8_t*)xq8.data() : nullptr,
                 dx.data(), xsd.data());
+  if (qtype == Q6_K && !wide)
+    for (auto& v : xq8) v = (int8_t)((uint8_t)v ^ 0x80);
 #if QMM_X86
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
     if (qtype == Q6_K) {  // the offset per group: dx
-      prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
+      if (wide) prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
+      else prompt_avx2<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
     } else if (qtype == Q5_K) {
-      prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      if (wide) prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      else prompt_avx2<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
     } else {
-      prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      if (wide) prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      else prompt_avx2<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
     }
   };
   if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
@@ -1788,7 +1928,7 @@ std::string backend() { return path_name(best_path()); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
   m.def("dequantize", &dequantize, "the weights as the file means them, into out [N, K] fp32 or bf16");
-  m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q6_K, AVX-512 VNNI)");
+  m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)");
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
 }

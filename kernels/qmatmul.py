@@ -92,13 +92,13 @@ def prompt_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int,
               bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """A prompt's product x [..., K] (fp32 or bf16) · Wᵀ (+ bias) -> [..., N] in x's dtype, by qmatmul.cpp's int8
     prompt kernel (mm_prompt: x quantized as gguf_mm quantizes it), or None where that does not run: another type,
-    N not a multiple of 16, no AVX-512 VNNI, no build, or SPECDEC_QMATMUL naming a path."""
+    N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL naming a path."""
     if gb.type_name(qtype) not in PROMPT_TYPES or N % 16 or x.dtype not in (torch.float32, torch.bfloat16):
         return None
     if _forced() != "auto":
         return None
     ext = extension()
-    if ext is None or ext.best_path() != PATHS["avx512"]:
+    if ext is None or ext.best_path() < PATHS["avx2"]:
         return None
     return ext.mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias)
 

@@ -30,8 +30,8 @@ from specdec_cli import internals, options
 from specdec_cli.kernels import gguf_blocks, qmatmul
 
 # A call over more tokens than a verification pass scores (γ + 1 ≤ this) is a prompt's prefill: every mode prefills
-# alike, so it may compute otherwise than steps do: qmatmul.prompt_mm (1.3–1.5× oneDNN's bf16 GEMM on 500 rows), else
-# a dense product of the dequantized weights in x's dtype (oneDNN's bf16 GEMM is ~3× the step kernel on 500 rows).
+# alike, so it may compute otherwise than steps do: qmatmul.prompt_mm (500 rows: 1.3–1.5× oneDNN's bf16 GEMM with
+# AVX-512 VNNI, 1.4–1.6× the fp32 GEMM with AVX2 only), else a dense product of the dequantized weights in x's dtype.
 PREFILL_TOKENS = options.MAX_GAMMA + 1
 PREFILL_TILE = 2048  # weight rows dequantized at a time (a few MB, reused: no page faults, in cache for the GEMM)
 
