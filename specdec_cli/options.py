@@ -273,8 +273,8 @@ class TranscribeOptions(DecodeOptions):
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
     draft_stop: float = 0.8
-    draft_quantized: bool = option(True, f"Give the self draft int4 weights, or with --target-int8 the target's own "
-                                   f"int8 rows (CPU only): {_DRAFT_CHEAPER}.",
+    draft_quantized: bool = option(True, f"Give the self draft int4 weights (int8 rows where the model runs in fp32), "
+                                   f"or with --target-int8 the target's own int8 rows (CPU only): {_DRAFT_CHEAPER}.",
                                    flag="--draft-int4/--no-draft-int4")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")
