@@ -16,11 +16,11 @@ Why: transformers' forward costs a Qwen2.5-1.5B step on GGUF blocks ~5.5 ms besi
 the cache's 56 concatenations, its masks, config lookups, 8 torch ops a norm; AMD EPYC, 2 threads), a sixth of
 the step. Linear layers whose GGUF blocks lie side by side in one buffer (q, k, v; gate, up: models/gguf_linear.py
 joins them on load) are multiplied in one call, their outputs then split: each output is computed alone, so the
-bits are the same. In bf16 the residual adds, norms and rotary embedding run fused (kernels/layer_ops.py).
+bits are the same. In bf16 and fp32 the residual adds, norms and rotary embedding run fused (kernels/layer_ops.py).
 
 Its logits: transformers' bit for bit with the torch ops (where layer_ops does not run, and in
 tests/test_llama_like.py); with the fused ones the norms' sums of squares are added in an order of their own, so
-the logits are transformers' up to bf16 rounding. Either way each row of a pass gets a step's bits, so greedy
+the logits are transformers' up to the rounding of the activations' dtype. Either way each row of a pass gets a step's bits, so greedy
 speculative output is this model's autoregressive output.
 """
 
