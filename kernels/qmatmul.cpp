@@ -693,6 +693,79 @@ AVX2_FN void small_avx2(const Call& c, int64_t n, float* mm) {
   }
 }
 
+// G = 32: one group's integer weights as two ymm (elements 0–15, 16–31), its d and (Q4_1, Q5_1) m: unpack_portable's
+// values, Q8_0, Q4_0 and Q5_0 in registers
+AVX2_FN inline __attribute__((always_inline)) void group32_avx2(int qtype, const uint8_t* b, __m256i& lo, __m256i& hi,
+                                                               float& d, float& m) {
+  if (qtype == Q8_0) {
+    d = f16c(rd16(b));
+    lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 2)));
+    hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 18)));
+    return;
+  }
+  if (qtype == Q4_0 || qtype == Q5_0) {  // low nibbles elements 0–15, high ones 16–31; Q5_0: bit j of qh adds 16
+    const bool five = qtype == Q5_0;
+    d = f16c(rd16(b));
+    const __m128i qs = _mm_loadu_si128((const __m128i*)(b + (five ? 6 : 2))), lo4 = _mm_set1_epi8(15);
+    lo = _mm256_cvtepu8_epi16(_mm_and_si128(qs, lo4));
+    hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), lo4));
+    if (five) {
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                            (short)0x8000);
+      const __m256i sixteen = _mm256_set1_epi16(16);
+      const __m256i a = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xffff)), bit);
+      const __m256i h = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
+      lo = _mm256_sub_epi16(_mm256_add_epi16(lo, _mm256_and_si256(_mm256_cmpeq_epi16(a, bit), sixteen)), sixteen);
+      hi = _mm256_sub_epi16(_mm256_add_epi16(hi, _mm256_and_si256(_mm256_cmpeq_epi16(h, bit), sixteen)), sixteen);
+    } else {
+      lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
+      hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
+    }
+    return;
+  }
+  alignas(32) int16_t w[32];
+  Scales s;
+  unpack_portable(qtype, b, w, s);
+  d = s.d, m = s.m;
+  lo = _mm256_load_si256((const __m256i*)w);
+  hi = _mm256_load_si256((const __m256i*)(w + 16));
+}
+
+// G = 32, calls of few rows (M ≤ SMALL_ROWS): one weight row × MR rows, each group unpacked in registers and applied
+// to the tile's rows (vpmaddwd: lanes 0–7 elements 0–15 by pairs, 8–15 the rest); the portable path's float steps,
+// in its order. `first`: the tile that writes the row's minimums (Q4_1, Q5_1: m per group) into mm.
+template <int MR>
+AVX2_FN void fused32_avx2(const Call& c, int64_t n, int64_t m0, bool first, float* mm) {
+  const int64_t groups = c.K / 32;
+  const uint8_t* row = c.w + n * c.row_bytes;
+  const uint8_t* end = c.w + c.N * c.row_bytes;
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* b = row + g * c.f.block_bytes;
+    if (first) prefetch(b, c.f.block_bytes, end);
+    __m256i lo, hi;
+    float d, m = 0.f;
+    group32_avx2(c.qtype, b, lo, hi, d, m);
+    if (first && c.f.lmin) mm[g] = m;
+    for (int i = 0; i < MR; i++) {
+      const int16_t* x = c.xq + (m0 + i) * c.K + g * 32;
+      const __m256 sc = _mm256_set1_ps(d * c.dx[(m0 + i) * groups + g]);
+      const __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i*)x));
+      const __m256i h = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i*)(x + 16)));
+      acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_mul_ps(_mm256_cvtepi32_ps(a), sc));
+      acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_mul_ps(_mm256_cvtepi32_ps(h), sc));
+    }
+  }
+  for (int i = 0; i < MR; i++) {
+    const int64_t r = m0 + i;
+    const float ymn = c.f.lmin ? min_tree_avx2(mm, c.xsd + r * c.S16, c.S16) : 0.f;
+    put(c, r * c.N + n, finish(c, tree16_avx2(acc[i][0], acc[i][1]), ymn, n));
+  }
+}
+
 AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
   if (c.f.G == 256 && c.M <= SMALL_ROWS) {
     std::vector<float> mm(c.S16);  // zero past K / 32
@@ -701,6 +774,20 @@ AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
       else if (c.qtype == Q5_K) small_avx2<Q5_K>(c, n, mm.data());
       else small_avx2<Q4_K>(c, n, mm.data());
     }
+    return;
+  }
+  if (c.f.G == 32 && c.M <= SMALL_ROWS) {  // tiles of ≤ 4 rows, of sizes as equal as they can be
+    std::vector<float> mm(c.S16);  // zero past K / 32
+    const int64_t tiles = (c.M + 3) / 4;
+    for (int64_t n = n0; n < n1; n++)
+      for (int64_t t = 0, m0 = 0; t < tiles; t++) {
+        const int64_t mt = (c.M - m0) / (tiles - t);
+        if (mt == 1) fused32_avx2<1>(c, n, m0, t == 0, mm.data());
+        else if (mt == 2) fused32_avx2<2>(c, n, m0, t == 0, mm.data());
+        else if (mt == 3) fused32_avx2<3>(c, n, m0, t == 0, mm.data());
+        else fused32_avx2<4>(c, n, m0, t == 0, mm.data());
+        m0 += mt;
+      }
     return;
   }
   const int G = c.f.G, chunks = G / 32;
