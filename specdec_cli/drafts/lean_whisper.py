@@ -35,6 +35,16 @@ from specdec_cli.options import TranscribeOptions
 WEIGHTS = ("int4", "int8")  # the draft's quantized forms on a CPU
 
 
+def weight_form(weights: str | None, embed: torch.Tensor) -> str | None:
+    """The draft's weights for `weights` (int4 | int8 | None) on a model whose embeddings are `embed`: None off a CPU;
+    int8 rows for int4 where the activations are fp32 (a CPU without bf16 arithmetic, models/device.py), torch's CPU
+    int4 GEMV being fast for bf16 ones only: a [1, 512] × [512, 2048] product took 1.14 ms with fp32 against 0.08
+    with bf16 on a Zen 3, 2 threads (int8 rows 0.07)."""
+    if weights not in WEIGHTS or embed.device.type != "cpu":
+        return None
+    return "int8" if weights == "int4" and embed.dtype != torch.bfloat16 else weights
+
+
 def _linear(x: torch.Tensor, lin: tuple) -> torch.Tensor:
     """x [..., in] → [..., out] through LeanDecoder's lin = (weight or None, int4 pair | int8_rows.Packed | None, bias)."""
     if isinstance(lin[1], int8_rows.Packed):
@@ -74,12 +84,7 @@ class LeanDecoder(Decoder):
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
         self.activation = ACT2FN[config.activation_function]  # "gelu": exact (erf)
-        self.weights = weights if weights in WEIGHTS and self.device.type == "cpu" else None
-        if self.weights == "int4" and decoder.embed_tokens.weight.dtype != torch.bfloat16:
-            # torch's CPU int4 GEMV is fast for bf16 activations only: with fp32 ones (a CPU without bf16 arithmetic,
-            # models/device.py) a [1, 512] × [512, 2048] product took 1.14 ms against 0.08 (Zen 3, 2 threads);
-            # int8 rows take 0.07 there
-            self.weights = "int8"
+        self.weights = weight_form(weights, decoder.embed_tokens.weight)
         s = self.head_dim**-0.5  # transformers scales the query after its projection (bias included)
 
         def lin(weight, bias=None):  # (weight, packed or None, bias) for _linear()
