@@ -126,14 +126,22 @@ def test_uniforms_in_open_closed_interval():
 
 @pytest.mark.parametrize("nucleus", [100, 700, 4600, 9200])
 def test_top_p_on_a_large_vocabulary_matches_a_full_sort(nucleus):
-    """The partial-sort search (top 256, then 4096, then all) takes each path, V = 50 000.
+    """The partial-sort search (top 256, then 4096, then all) takes each path, V = 50 000, and keeps what a full
+    sort of the same probabilities keeps: the smallest set of most likely tokens whose mass reaches top_p.
 
     Geometric probabilities p_k ∝ r^k: the mass of the k most likely tokens is 1 − r^k (V large), so
-    top_p = 1 − r^(n + 1/2) keeps exactly n + 1 tokens, half a step away from either cut."""
+    top_p = 1 − r^(n + 1/2) keeps n + 1 tokens in exact arithmetic. softmax sums V fp32 terms: its masses are off
+    by up to γ_V = V·u/(1 − V·u) (u = 2⁻²⁴, recursive summation's bound), which moves the cut by at most
+    γ_V / p_n tokens (p_n ≈ r^n·d the probability at the cut), never out of the path n + 1 takes."""
     V, d = 50_000, 0.0005
     z = -d * torch.arange(V, dtype=torch.float32)
     z = z[torch.randperm(V, generator=torch.Generator().manual_seed(0))][None]
     top_p = 1.0 - math.exp(-d * (nucleus + 0.5))
     got = torch.isfinite(process_logits(z, SamplingParams(temperature=1.0, top_p=top_p)))[0]
-    assert got.sum().item() == nucleus + 1
+    sorted_p = torch.sort(torch.softmax(z, dim=-1)[0], descending=True).values.double()  # [V] the same probabilities
+    kept = int((torch.cumsum(sorted_p, 0) - sorted_p < top_p).sum())  # the full sort's nucleus
+    assert got.sum().item() == kept
+    u = 2.0**-24
+    gamma_v = V * u / (1 - V * u)
+    assert abs(kept - (nucleus + 1)) <= math.ceil(gamma_v / (d * math.exp(-d * nucleus))) + 1
     assert z[0, got].min() > z[0, ~got].max()  # the most likely ones
