@@ -62,7 +62,7 @@ def signature(kernel: str, dtype: str, sigmoid: bool, one_hot: bool = False) -> 
     scalars = {"inv_t": "fp32", "alpha": "fp32", "beta": "fp32"}
     sizes = {"gamma": "i32", "V": "i32", "chunk": "i32", "SPLITS": "i32"}
     if kernel == "_row_stats_kernel":
-        return {"logits_ptr": z, "max_ptr": "*fp32", "sum_ptr": "*fp32", "bad_ptr": "*i32", **sizes,
+        return {"logits_ptr": z, "max_ptr": "*fp32", "sum_ptr": "*fp32", "bad_ptr": "*i32", "count_ptr": "*i32", **sizes,
                 "stride_zb": "i32", "stride_zc": "i32", "inv_t": "fp32", "BLOCK": "constexpr"}
     meta = {"GAMMA_P2": "constexpr", "SPLITS_P2": "constexpr", "BLOCK": "constexpr", "SIGMOID": "constexpr",
             "ONE_HOT": "constexpr"}

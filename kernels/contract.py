@@ -30,12 +30,12 @@ def triton_backend_name() -> str:
     return "triton-interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "triton"
 
 
-def raise_for(error: torch.Tensor) -> None:
-    """The error of a launch's flags (any row's): one host synchronisation, when the caller chooses to read them
-    (the decoding loop reads them with the accepted counts it copies anyway). Bits are ORed over the rows."""
+def raise_for(error: list[int]) -> None:
+    """The error of a launch's flags (any row's), read on the host by the caller when it chooses (the decoding loop
+    reads them with the accepted counts it copies anyway). Bits are ORed over the rows."""
     bits = 0
-    for b in error.unique().tolist() if error.numel() else ():
-        bits |= int(b)
+    for b in error:
+        bits |= b
     if bits & 4:
         raise InvalidDraftTokensError(ERRORS[4])
     if bits:
@@ -61,7 +61,7 @@ class Verification(NamedTuple):
         """This result with its error flags read (a host synchronisation): NonFiniteLogitsError when one is set."""
         if self.error is None:
             return self
-        raise_for(self.error)
+        raise_for(self.error.tolist())  # one host synchronisation
         return self._replace(error=None)
 
     def accepted(self) -> list[int]:
@@ -71,5 +71,5 @@ class Verification(NamedTuple):
             return self.num_accepted.tolist()
         B = self.num_accepted.shape[0]
         both = torch.cat([self.num_accepted, self.error.to(self.num_accepted.dtype)]).tolist()
-        raise_for(torch.tensor(both[B:]))
+        raise_for(both[B:])
         return both[:B]

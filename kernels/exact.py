@@ -18,7 +18,7 @@ logits, then 2·B·V of the drawn rows and 4·B·V of their draft rows), and the
 Measured on an H100 (benchmarks/gpu-h100, CUDA-graph replays): B = 1 21.1 µs, B = 8 31.0 µs, B = 64 106.4 µs, i.e.
 0.55 of the measured 3 010 GB/s copy bandwidth; FlashInfer's chain sampling with its softmax 85.7 / 165.5 / 618.9.
 Eager, a step is host-bound: three launches and ten allocations cost 154 µs of host time a call, two launches and
-five 114 µs (the device time did not change).
+five 114 µs (the device time did not change); two launches, four allocations and no fill: see the README.
 
 Triton grid (the paper's grid over (batch, draft position) with the vocabulary tiled in blocks of n,
 plus a split of each row over several programs so that B = 1 still fills the GPU):
@@ -114,6 +114,7 @@ def _row_stats_kernel(
     max_ptr,  # [B·(γ+1), SPLITS] fp32 out: running max of z/T over the split
     sum_ptr,  # [B·(γ+1), SPLITS] fp32 out: Σ exp(z/T − max) over the split
     bad_ptr,  # [B·(γ+1), SPLITS] int32 out: count of NaN / +inf in the split
+    count_ptr,  # [B] int32 out: zeroed here for stage 2's count (no fill launch; sigmoid's launcher zeroes it)
     # sizes and strides
     gamma,
     V,
@@ -146,6 +147,8 @@ def _row_stats_kernel(
     tl.store(max_ptr + row * SPLITS + split, m)
     tl.store(sum_ptr + row * SPLITS + split, s)
     tl.store(bad_ptr + row * SPLITS + split, bad)
+    if (split == 0) & (row % (gamma + 1) == 0):  # one program per sequence; stage 2 starts after this grid ends
+        tl.store(count_ptr + row // (gamma + 1), 0)
 
 
 @triton.jit
@@ -411,11 +414,13 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     assert chunk % block == 0 and splits == triton.cdiv(V, chunk), "a plan covers V in SPLITS chunks of whole BLOCKs"
     meta = dict(SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
     inv_t = 1.0 / temperature
-    # (2) allocate: five buffers (each allocation costs host time every step), the scratch carved into named views
+    # (2) allocate: four buffers and no fill (each costs host time every step), the scratch carved into named views
     R, S = B * (gamma + 1), splits
-    stats = torch.empty((2, R, S), dtype=torch.float32, device=device)  # running max, Σ exp (stage 1)
-    sums = torch.empty((2, B, S), dtype=torch.float64, device=device)  # Σ residual, Σ p over each split of row n
-    flags = torch.zeros(2 * B + R * S + B * S, dtype=torch.int32, device=device)  # zeroed: the counts must start at 0
+    scratch = torch.empty(2 * B * S + R * S, dtype=torch.float64, device=device)
+    sums = scratch[:2 * B * S].view(2, B, S)  # Σ residual, Σ p over each split of row n (fp64)
+    stats = scratch[2 * B * S:].view(torch.float32).view(2, R, S)  # running max, Σ exp (stage 1, fp32)
+    # the counts must start at 0: stage 1 zeroes them; sigmoid has no stage 1
+    flags = (torch.zeros if sigmoid else torch.empty)(2 * B + R * S + B * S, dtype=torch.int32, device=device)
     error, count = flags[:B], flags[B:2 * B]  # [B] error bits out (first: an output starts its storage); [B] splits done
     row_bad, draw_bad = flags[2 * B:2 * B + R * S].view(R, S), flags[2 * B + R * S:].view(B, S)
     n = torch.empty(B, dtype=torch.int64, device=device)  # accepted counts out (outputs may not share a buffer:
@@ -424,7 +429,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     # (3) launch
     if not sigmoid:
         _row_stats_kernel[(R, S)](
-            target_logits, stats[0], stats[1], row_bad, gamma, V, chunk, S, *target_logits.stride()[:2], inv_t,
+            target_logits, stats[0], stats[1], row_bad, count, gamma, V, chunk, S, *target_logits.stride()[:2], inv_t,
             BLOCK=block,
         )
     gamma_p2 = triton.next_power_of_2(gamma + 1)

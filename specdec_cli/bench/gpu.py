@@ -1,6 +1,6 @@
 """Every GPU check in one run, written into one folder: `make gpu` on the GPU machine, within its 9 minutes.
 
-    1. plans     the launcher's SPLITS, today's two launches beside the previous three and FlashInfer: device time
+    1. plans     the launcher's SPLITS, today's launcher beside a previous one and FlashInfer: device time
                  in a CUDA graph, time per eager call, host time per call (V = 151 936, γ = 5, B = 1, 8, 64)
     2. rows      whether cuBLAS gives a row the same bits whatever the rows beside it (exact_rows' question)
     3. kernels   the compiled kernels decision for decision against the reference (the torch path on cases too
@@ -162,8 +162,8 @@ def copy_bandwidth(run: Run) -> dict:
 
 
 def _previous_launch():
-    """exact.launch as it was before the step became two launches (three launches, ten allocations), from the file
-    SPECDEC_PREV_EXACT names (`git show 6237eb1:kernels/exact.py`, its op renamed), to time beside today's; or None."""
+    """exact.launch as it was at an earlier commit, from the file SPECDEC_PREV_EXACT names (`git show
+    <commit>:kernels/exact.py`, its op renamed), to time beside today's; or None."""
     path = os.environ.get("SPECDEC_PREV_EXACT")
     if not path or not os.path.isfile(path):
         return None
@@ -205,8 +205,8 @@ def _graphed(fn):
 
 def plans(run: Run) -> dict:
     """The launcher measured at V = 151 936, γ = 5, B = 1, 8, 64: SPLITS around its choice in a CUDA graph (device
-    time), tokens against the torch path's; then today's two launches beside the previous three (when
-    SPECDEC_PREV_EXACT names them) and FlashInfer (softmax + its kernel, when there): device time in a graph, time
+    time), tokens against the torch path's; then today's launcher beside a previous one (when
+    SPECDEC_PREV_EXACT names it) and FlashInfer (softmax + its kernel, when there): device time in a graph, time
     per eager call from idle, and host time per call back to back."""
     import triton
 
@@ -232,7 +232,7 @@ def plans(run: Run) -> dict:
             name = f"splits={plan[1]}" + (" (launcher)" if plan == launcher else "")
             steps[name] = functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False, plan=plan)
         if previous is not None:
-            steps["three launches (before)"] = functools.partial(previous, tokens, probs, logits, u, 1.0, sigmoid=False)
+            steps["previous launcher"] = functools.partial(previous, tokens, probs, logits, u, 1.0, sigmoid=False)
         if flashinfer_peer.source() is not None:
             steps["flashinfer (softmax + kernel)"] = lambda p=probs, x=tokens, z=logits: (
                 flashinfer_peer.chain_speculative_sampling(p, x, torch.softmax(z.float(), dim=-1)),)
@@ -248,17 +248,39 @@ def plans(run: Run) -> dict:
                  "custom op": functools.partial(torch.ops.specdec.verify_triton, tokens, probs, logits, u, 1.0, False,
                                                 0.0, 1.0),
                  "verify() + check": functools.partial(lambda *a: verify("exact", *a).checked(), tokens, probs, logits,
-                                                       u)}
+                                                       u),
+                 "verify() + accepted()": functools.partial(lambda *a: verify("exact", *a).accepted(), tokens, probs,
+                                                            logits, u)}  # the decoding loop's step
         eager.update({k: v for k, v in steps.items() if not k.startswith("splits")})
         per_call = {k: t.median_ms * 1e3 for k, t in measure_side_by_side(eager, device="cuda", repeat=100).items()}
-        host = {k: _host_us(fn) for k, fn in eager.items() if k != "verify() + check"}  # that one synchronises
+        host = {k: _host_us(fn) for k, fn in eager.items() if not k.startswith("verify()")}  # those synchronise
         out[f"B={batch}"] = {"graph": timings, "eager_us": per_call, "host_us": host}
         run.log(f"plans B={batch} graph: " + ", ".join(
             f"{k} {v['graph_us']:.1f} µs{' DIFFERS' if v['same_tokens_as_torch_path'] is False else ''}"
             for k, v in timings.items()))
         run.log(f"plans B={batch} eager: " + ", ".join(f"{k} {v:.1f} µs" for k, v in per_call.items()))
         run.log(f"plans B={batch} host: " + ", ".join(f"{k} {v:.1f} µs" for k, v in host.items()))
+        if batch == 1:  # where a step's host time goes: the loop's path, by function
+            out["host_profile_B=1"] = _host_profile(eager["verify() + accepted()"])
+            run.log("plans B=1 host profile (µs a call, own time): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in out["host_profile_B=1"].items()))
     return out
+
+
+def _host_profile(fn, calls: int = 300, top: int = 14) -> dict[str, float]:
+    """cProfile's own time per call of the `top` functions fn spends most in (the profiler's overhead included)."""
+    import cProfile
+    import pstats
+
+    fn()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (calls, primitive calls, own time, cumulative, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {f"{Path(f).name}:{line}:{name}": own / calls * 1e6 for (f, line, name), (_, _, own, _, _) in rows}
 
 
 def rows(run: Run) -> dict:
