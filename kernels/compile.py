@@ -68,7 +68,7 @@ def signature(kernel: str, dtype: str, sigmoid: bool, one_hot: bool = False) -> 
             "ONE_HOT": "constexpr"}
     pointers = {"tokens_ptr": "*i64", "draft_ptr": q, "logits_ptr": z, "u_ptr": "*fp32", "max_ptr": "*fp32",
                 "sum_ptr": "*fp32", "row_bad_ptr": "*i32", "wsum_ptr": "*fp64", "psum_ptr": "*fp64",
-                "draw_bad_ptr": "*i32", "count_ptr": "*i32", "n_ptr": "*i64", "out_ptr": "*i64", "error_ptr": "*i32"}
+                "draw_bad_ptr": "*i32", "count_ptr": "*i32", "n_ptr": "*i64", "out_ptr": "*i64", "error_ptr": "*i64"}
     return {**pointers, **sizes, **strides, **scalars, **meta}
 
 

@@ -20,7 +20,7 @@ from specdec_cli.errors import InvalidDraftTokensError, NonFiniteLogitsError
 
 PAD = -1  # out_tokens after the emitted ones
 
-# error bits a Triton launch leaves in Verification.error (exact._draw writes them)
+# error bits a Triton launch leaves in Verification.counts[1] (exact._draw writes them)
 ERRORS = {1: "target logits contain NaN or +inf", 2: "target logits are all -inf in a row: every token is masked",
           4: "draft token ids outside [0, V): the draft's vocabulary is not the target's"}
 
@@ -54,22 +54,22 @@ class Verification(NamedTuple):
 
     out_tokens: torch.Tensor  # int64 [B, γ+1]: the accepted draft tokens, the resampled or bonus token, then PAD
     num_accepted: torch.Tensor  # int64 [B]: draft tokens accepted (0..γ)
-    error: torch.Tensor | None = None  # int32 [B]: Triton's error bits, not read yet; None: checked already
+    counts: torch.Tensor | None = None  # int64 [2, B]: Triton's num_accepted, then its error bits (one buffer, one
+    #                                     copy reads both), not read yet; None: no flags to read
     backend: str = "torch"  # "torch" | "triton" | "triton-interpreter"
 
     def checked(self) -> Verification:
         """This result with its error flags read (a host synchronisation): NonFiniteLogitsError when one is set."""
-        if self.error is None:
+        if self.counts is None:
             return self
-        raise_for(self.error.tolist())  # one host synchronisation
-        return self._replace(error=None)
+        raise_for(self.counts[1].tolist())  # one host synchronisation
+        return self._replace(counts=None)
 
     def accepted(self) -> list[int]:
         """num_accepted on the host, with the error flags in the same copy: the step's one host
         synchronisation. NonFiniteLogitsError when a flag is set."""
-        if self.error is None:
+        if self.counts is None:
             return self.num_accepted.tolist()
-        B = self.num_accepted.shape[0]
-        both = torch.cat([self.num_accepted, self.error.to(self.num_accepted.dtype)]).tolist()
-        raise_for(both[B:])
-        return both[:B]
+        accepted, error = self.counts.tolist()
+        raise_for(error)
+        return accepted

@@ -195,7 +195,7 @@ def _accept_draw_kernel(
     count_ptr,  # [B] int32, zeroed: splits of b finished
     n_ptr,  # [B] int64 out: accepted count = the row drawn from
     out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then PAD
-    error_ptr,  # [B] int32 out: 0, or ERR_NONFINITE | ERR_ALL_MASKED | ERR_BAD_TOKEN for what b's rows held
+    error_ptr,  # [B] int64 out: 0, or ERR_NONFINITE | ERR_ALL_MASKED | ERR_BAD_TOKEN for what b's rows held
     # sizes and strides
     gamma,
     V,
@@ -344,7 +344,7 @@ def _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_p
         error = tl.where(masked > 0, error | ERR_ALL_MASKED, error)
     error = tl.where(token < 0, error | ERR_ALL_MASKED, error)  # no weight above zero: nothing was drawn
     error = tl.where(bad > 0, error | ERR_NONFINITE, error)
-    tl.store(error_ptr + b, error.to(tl.int32))
+    tl.store(error_ptr + b, error.to(tl.int64))
 
 
 OUT_PAD: tl.constexpr = tl.constexpr(PAD)  # out_tokens after the emitted ones
@@ -394,8 +394,8 @@ def _last_dim_contiguous(t):
 def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0, plan=None):
     """Shared launcher of the exact and sigmoid kernels. `draft` is draft_probs, or the draft logits when
     sigmoid, or None for a deterministic draft (exact only: q one-hot at the draft tokens). Every input is read through its strides (a vocabulary slice is not copied; a last dim that is
-    not contiguous is). Returns (out_tokens [B, γ+1], num_accepted [B], error [B] int32: 0, or the bits of
-    ERRORS), with no host synchronisation: a CUDA graph can hold it. plan: (BLOCK, SPLITS, chunk) as _plan
+    not contiguous is). Returns (out_tokens [B, γ+1], counts [2, B] int64: num_accepted, then 0 or the bits of
+    ERRORS, in one buffer that one copy reads), with no host synchronisation: a CUDA graph can hold it. plan: (BLOCK, SPLITS, chunk) as _plan
     gives them, in place of this device's; the tests run a GPU's plans under the interpreter with it
     (tests/test_plans.py). The custom op never passes one."""
     # (1) check shapes
@@ -420,11 +420,12 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     sums = scratch[:2 * B * S].view(2, B, S)  # Σ residual, Σ p over each split of row n (fp64)
     stats = scratch[2 * B * S:].view(torch.float32).view(2, R, S)  # running max, Σ exp (stage 1, fp32)
     # the counts must start at 0: stage 1 zeroes them; sigmoid has no stage 1
-    flags = (torch.zeros if sigmoid else torch.empty)(2 * B + R * S + B * S, dtype=torch.int32, device=device)
-    error, count = flags[:B], flags[B:2 * B]  # [B] error bits out (first: an output starts its storage); [B] splits done
-    row_bad, draw_bad = flags[2 * B:2 * B + R * S].view(R, S), flags[2 * B + R * S:].view(B, S)
-    n = torch.empty(B, dtype=torch.int64, device=device)  # accepted counts out (outputs may not share a buffer:
-    out = torch.empty((B, gamma + 1), dtype=torch.int64, device=device)  # the custom op's rule)
+    flags = (torch.zeros if sigmoid else torch.empty)(B + R * S + B * S, dtype=torch.int32, device=device)
+    count = flags[:B]  # [B] splits of b done
+    row_bad, draw_bad = flags[B:B + R * S].view(R, S), flags[B + R * S:].view(B, S)
+    counts = torch.empty((2, B), dtype=torch.int64, device=device)  # out: accepted counts, error bits
+    n, error = counts[0], counts[1]
+    out = torch.empty((B, gamma + 1), dtype=torch.int64, device=device)
     strides = (*draft_tokens.stride(), *draft.stride()[:2], *target_logits.stride()[:2], *uniforms.stride())
     # (3) launch
     if not sigmoid:
@@ -438,7 +439,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
         n, out, error, gamma, V, chunk, S, *strides, inv_t, alpha, beta, GAMMA_P2=gamma_p2, SIGMOID=sigmoid,
         ONE_HOT=one_hot, num_warps=_warps(gamma_p2, meta["SPLITS_P2"]), maxnreg=MAX_REGISTERS, **meta,
     )
-    return out, n, error
+    return out, counts
 
 
 # The Triton verification as a torch custom op, so that torch.compile and CUDA graphs can hold it: the fake
@@ -446,7 +447,7 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
 @torch.library.custom_op("specdec::verify_triton", mutates_args=())
 def verify_triton_op(draft_tokens: torch.Tensor, draft: torch.Tensor | None, target_logits: torch.Tensor,
                      uniforms: torch.Tensor, temperature: float, sigmoid: bool, alpha: float,
-                     beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     beta: float) -> tuple[torch.Tensor, torch.Tensor]:
     return launch(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid=sigmoid, alpha=alpha, beta=beta)
 
 
@@ -454,7 +455,7 @@ def verify_triton_op(draft_tokens: torch.Tensor, draft: torch.Tensor | None, tar
 def _(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha, beta):
     B, gamma = draft_tokens.shape
     new = draft_tokens.new_empty
-    return new((B, gamma + 1)), new((B,)), new((B,), dtype=torch.int32)
+    return new((B, gamma + 1)), new((2, B))
 
 
 def run_kernels(draft_tokens, draft, target_logits, uniforms, temperature, sigmoid, alpha, beta):
@@ -469,5 +470,5 @@ def verify_exact_triton(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | 
                         uniforms: torch.Tensor, temperature: float = 1.0, alpha: float = -1e4,
                         beta: float = 1e4) -> Verification:
     """The Triton kernels; the error flags come back unread (Verification.checked or .accepted reads them)."""
-    out, n, error = run_kernels(draft_tokens, draft_probs, target_logits, uniforms, temperature, False, 0.0, 1.0)
-    return Verification(out, n, error, triton_backend_name())
+    out, counts = run_kernels(draft_tokens, draft_probs, target_logits, uniforms, temperature, False, 0.0, 1.0)
+    return Verification(out, counts[0], counts, triton_backend_name())

@@ -74,5 +74,5 @@ def verify_sigmoid_triton(draft_tokens: torch.Tensor, draft_logits: torch.Tensor
     """The Triton kernel (stage 2 of kernels/exact.py with SIGMOID); error flags unread, as exact's."""
     if draft_logits is None:
         raise ValueError("sigmoid verification needs the draft's logits")
-    out, n, error = run_kernels(draft_tokens, draft_logits, target_logits, uniforms, temperature, True, alpha, beta)
-    return Verification(out, n, error, triton_backend_name())
+    out, counts = run_kernels(draft_tokens, draft_logits, target_logits, uniforms, temperature, True, alpha, beta)
+    return Verification(out, counts[0], counts, triton_backend_name())

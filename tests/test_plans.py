@@ -48,7 +48,7 @@ def plan_case(V: int, seed: int):
 
 
 def run_plan(mode, case, plan):
-    """(the plain-loop oracle's Verification, exact.launch's (out, n, error) under `plan`, on the CPU) for `mode`.
+    """(the plain-loop oracle's Verification, exact.launch's (out, counts) under `plan`, on the CPU) for `mode`.
     The launch runs where conftest.DEVICE says: interpreted on a CPU, compiled on a GPU."""
     tokens, probs, target, u, draft_logits = case
     on = [t.to(DEVICE) for t in case]
@@ -81,7 +81,7 @@ def test_every_gpu_plan_decides_as_the_reference(V, mode):
     assert any(chunk > block for block, _, chunk in plans) and {a for archs in plans.values() for a in archs} == set(ARCHS)
     residuals = 0
     for i, plan in enumerate(plans):
-        expected, (out, n, error) = run_plan(mode, plan_case(V, seed=i), plan)
+        expected, (out, (n, error)) = run_plan(mode, plan_case(V, seed=i), plan)
         what = f"{mode} V={V} (BLOCK, SPLITS, chunk)={plan} of {'/'.join(plans[plan])}"
         bad = (expected.out_tokens != out).any(dim=1).nonzero()[:, 0].tolist()
         assert not bad, f"{what}: rows {bad} differ: reference {expected.out_tokens.tolist()} vs {out.tolist()}"

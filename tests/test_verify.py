@@ -379,7 +379,7 @@ def test_errors_wait_in_a_flag_until_the_caller_reads_them(poison, bit):
     target[1, 2] = float("nan") if poison == "nan" else float("-inf")
     u = torch.full_like(u, 1e-9)  # every draft token that can pass does: the decision reads row 2
     args = [t.to(DEVICE) for t in (tokens, probs, target, u)]
-    error = exact.verify_exact_triton(*args).error.cpu()  # no raise
+    error = exact.verify_exact_triton(*args).counts[1].cpu()  # no raise
     assert error[0] == 0 and error[1] & bit  # (a row of NaN also reads as all masked: both bits)
     with pytest.raises(NonFiniteLogitsError):
         exact.verify_exact_triton(*args).checked()
@@ -397,8 +397,8 @@ def test_the_kernel_is_a_torch_custom_op_with_a_fake():
 
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(t) for t in args]
-        out, n, error = torch.ops.specdec.verify_triton(*fake, 1.0, False, 0.0, 1.0)
-    assert (out.shape, n.shape, error.shape, error.dtype) == ((2, 4), (2,), (2,), torch.int32)
+        out, counts = torch.ops.specdec.verify_triton(*fake, 1.0, False, 0.0, 1.0)
+    assert (out.shape, counts.shape, counts.dtype) == ((2, 4), (2, 2), torch.int64)
 
 
 def test_torch_compile_holds_the_step_in_one_graph():
@@ -415,7 +415,7 @@ def test_torch_compile_holds_the_step_in_one_graph():
 
     def public(tokens, probs, target, u):  # what the loop calls: the op while traced, a plain launch otherwise
         v = exact.verify_exact_triton(tokens, probs, target * 1.0, u)
-        return v.out_tokens, v.num_accepted, v.error
+        return v.out_tokens, v.num_accepted, v.counts
 
     compiled = torch.compile(public, fullgraph=True, backend="aot_eager")
     for got, want in zip(compiled(*args), public(*args)):

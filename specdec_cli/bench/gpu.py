@@ -173,6 +173,16 @@ def _previous_launch():
     return module.launch
 
 
+def _previous_read(launched) -> list[int]:
+    """The accepted counts as Verification.accepted read them up to 66a6297 (int32 flags apart from the counts):
+    the counts and flags joined on the device, one copy, then the flags a CPU tensor whose distinct values are ORed."""
+    _, n, error = launched
+    both = torch.cat([n, error.to(n.dtype)]).tolist()
+    for _ in torch.tensor(both[n.shape[0]:]).unique().tolist():
+        pass
+    return both[:n.shape[0]]
+
+
 def _host_us(fn, calls: int = 200) -> float:
     """Host time of one call: `calls` calls back to back with no synchronisation between them, over `calls` (the
     device queues the work; this is what a step costs the CPU when the GPU is busy anyway)."""
@@ -252,8 +262,12 @@ def plans(run: Run) -> dict:
                  "verify() + accepted()": functools.partial(lambda *a: verify("exact", *a).accepted(), tokens, probs,
                                                             logits, u)}  # the decoding loop's step
         eager.update({k: v for k, v in steps.items() if not k.startswith("splits")})
+        if previous is not None:  # its launch read as the loop read it before 66a6297: cat, cast, then the flags
+            eager["previous launcher + its read"] = functools.partial(
+                lambda *a: _previous_read(previous(*a, 1.0, sigmoid=False)), tokens, probs, logits, u)
         per_call = {k: t.median_ms * 1e3 for k, t in measure_side_by_side(eager, device="cuda", repeat=100).items()}
-        host = {k: _host_us(fn) for k, fn in eager.items() if not k.startswith("verify()")}  # those synchronise
+        reads = ("check", "accepted()", "its read")  # those synchronise
+        host = {k: _host_us(fn) for k, fn in eager.items() if not k.endswith(reads)}
         out[f"B={batch}"] = {"graph": timings, "eager_us": per_call, "host_us": host}
         run.log(f"plans B={batch} graph: " + ", ".join(
             f"{k} {v['graph_us']:.1f} µs{' DIFFERS' if v['same_tokens_as_torch_path'] is False else ''}"
