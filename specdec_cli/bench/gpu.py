@@ -174,7 +174,7 @@ def _previous_launch():
 
 
 def _previous_read(launched) -> list[int]:
-    """The accepted counts as Verification.accepted read them up to 66a6297 (int32 flags apart from the counts):
+    """The accepted counts as Verification.accepted read them at 63790a6 (int32 flags apart from the counts):
     the counts and flags joined on the device, one copy, then the flags a CPU tensor whose distinct values are ORed."""
     _, n, error = launched
     both = torch.cat([n, error.to(n.dtype)]).tolist()
@@ -262,7 +262,7 @@ def plans(run: Run) -> dict:
                  "verify() + accepted()": functools.partial(lambda *a: verify("exact", *a).accepted(), tokens, probs,
                                                             logits, u)}  # the decoding loop's step
         eager.update({k: v for k, v in steps.items() if not k.startswith("splits")})
-        if previous is not None:  # its launch read as the loop read it before 66a6297: cat, cast, then the flags
+        if previous is not None:  # its launch read as the loop read it at 63790a6: cat, cast, then the flags
             eager["previous launcher + its read"] = functools.partial(
                 lambda *a: _previous_read(previous(*a, 1.0, sigmoid=False)), tokens, probs, logits, u)
         per_call = {k: t.median_ms * 1e3 for k, t in measure_side_by_side(eager, device="cuda", repeat=100).items()}
