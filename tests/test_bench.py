@@ -755,3 +755,10 @@ def test_a_mode_the_draft_cannot_verify_is_left_out_in_one_line(articles_dir):
     with_model = config.TaskConfig("summarize", [3], ["exact", "sigmoid"],
                                    options={"data": str(articles_dir), "draft": "self:1"})
     assert with_model.validate().modes == ["exact", "sigmoid"]
+
+
+def test_every_synthetic_mode_has_its_own_plot_colour():
+    from specdec_cli.bench.config import SYNTHETIC_MODES
+    from specdec_cli.bench.plots import COLORS
+
+    assert set(SYNTHETIC_MODES) <= set(COLORS) and len(set(COLORS.values())) == len(COLORS)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"baseline": "#555555", "exact": "#1f77b4", "sigmoid": "#ff7f0e", "hf": "#2ca02c",
+# one colour per mode, none repeated (a mode missing here took matplotlib's first, exact's blue)
+COLORS = {"baseline": "#555555", "exact": "#1f77b4", "sigmoid": "#ff7f0e", "hf": "#2ca02c", "flashinfer": "#d62728",
           "autoregressive": "#000000"}
 
 
