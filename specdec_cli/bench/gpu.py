@@ -213,6 +213,21 @@ def _graphed(fn):
     return g.replay, got
 
 
+def _eager_steps(case, previous) -> dict:
+    """The exact step's eager calls on case (tokens, probs, logits, u), by name: the launcher, the custom op, the loop's
+    path (verify() and its read of the counts), and the previous launcher with the read it had, when there."""
+    from specdec_cli.decoding.verify import verify
+    from specdec_cli.kernels import exact
+
+    eager = {"two launches": functools.partial(exact.launch, *case, 1.0, sigmoid=False),
+             "custom op": functools.partial(torch.ops.specdec.verify_triton, *case, 1.0, False, 0.0, 1.0),
+             "verify() + check": lambda: verify("exact", *case).checked(),
+             "verify() + accepted()": lambda: verify("exact", *case).accepted()}  # the decoding loop's step
+    if previous is not None:  # its launch read as the loop read it at 63790a6: cat, cast, then the flags
+        eager["previous launcher + its read"] = lambda: _previous_read(previous(*case, 1.0, sigmoid=False))
+    return eager
+
+
 def plans(run: Run) -> dict:
     """The launcher measured at V = 151 936, γ = 5, B = 1, 8, 64: SPLITS around its choice in a CUDA graph (device
     time), tokens against the torch path's; then today's launcher beside a previous one (when
@@ -222,7 +237,6 @@ def plans(run: Run) -> dict:
 
     from specdec_cli.bench import flashinfer_peer
     from specdec_cli.bench.timing import measure_side_by_side
-    from specdec_cli.decoding.verify import verify
     from specdec_cli.kernels import exact
 
     if run.device != "cuda":
@@ -254,17 +268,8 @@ def plans(run: Run) -> dict:
                              bool(torch.equal(got[0].cpu(), want))}
         for name, t in measure_side_by_side(variants, device="cuda", repeat=100).items():
             timings[name]["graph_us"] = t.median_ms * 1e3
-        eager = {"two launches": functools.partial(exact.launch, tokens, probs, logits, u, 1.0, sigmoid=False),
-                 "custom op": functools.partial(torch.ops.specdec.verify_triton, tokens, probs, logits, u, 1.0, False,
-                                                0.0, 1.0),
-                 "verify() + check": functools.partial(lambda *a: verify("exact", *a).checked(), tokens, probs, logits,
-                                                       u),
-                 "verify() + accepted()": functools.partial(lambda *a: verify("exact", *a).accepted(), tokens, probs,
-                                                            logits, u)}  # the decoding loop's step
+        eager = _eager_steps((tokens, probs, logits, u), previous)
         eager.update({k: v for k, v in steps.items() if not k.startswith("splits")})
-        if previous is not None:  # its launch read as the loop read it at 63790a6: cat, cast, then the flags
-            eager["previous launcher + its read"] = functools.partial(
-                lambda *a: _previous_read(previous(*a, 1.0, sigmoid=False)), tokens, probs, logits, u)
         per_call = {k: t.median_ms * 1e3 for k, t in measure_side_by_side(eager, device="cuda", repeat=100).items()}
         reads = ("check", "accepted()", "its read")  # those synchronise
         host = {k: _host_us(fn) for k, fn in eager.items() if not k.endswith(reads)}
