@@ -6,6 +6,7 @@ model's layer does. Prints ms per call (medians) and old / new.
     git worktree add /tmp/old c9a6634
     .venv/bin/python benchmarks/qmatmul_ab.py --old /tmp/old/kernels/qmatmul.py
     .venv/bin/python benchmarks/qmatmul_ab.py --old /tmp/old/kernels/qmatmul.py --path avx2 --shapes gate_up,down
+    .venv/bin/python benchmarks/qmatmul_ab.py --old /tmp/old/kernels/qmatmul.py --kernel prompt --rows 501 --dtype float32
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="default: torch's (all cores)")
     ap.add_argument("--path", default=None, help="portable|avx2|avx512 (default: the best this CPU has)")
     ap.add_argument("--cache-mb", type=int, default=100)
+    ap.add_argument("--kernel", default="step", help="step (gguf_mm: a step's or a pass's rows) or prompt (prompt_mm)")
+    ap.add_argument("--dtype", default="bfloat16", help="x's: bfloat16 (AVX-512 machines) or float32 (AVX2 ones)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,14 +58,17 @@ def main() -> None:
             copies = [gb.random_blocks(name, N, K, seed=i) for i in range(max(2, -(-args.cache_mb * 2**20 // one)))]
             cells = []
             for M in map(int, args.rows.split(",")):
-                x = torch.randn(M, K, dtype=torch.bfloat16)
+                x = torch.randn(M, K, dtype=getattr(torch, args.dtype))
                 times: dict[str, list[float]] = {"old": [], "new": []}
                 for r in range(args.rounds):
                     order = (("old", old), ("new", new)) if r % 2 else (("new", new), ("old", old))
                     for label, module in order:
                         t0 = time.perf_counter()
                         for b in copies:
-                            module.gguf_mm(x, b, name, N, K, path=args.path)
+                            if args.kernel == "prompt":
+                                module.prompt_mm(x, b, name, N, K)
+                            else:
+                                module.gguf_mm(x, b, name, N, K, path=args.path)
                         times[label].append((time.perf_counter() - t0) / len(copies))
                 o, n = statistics.median(times["old"]), statistics.median(times["new"])
                 cells.append(f"{o * 1e3:.3f} → {n * 1e3:.3f} ({o / n:.2f}×)")

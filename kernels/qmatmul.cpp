@@ -46,6 +46,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -570,6 +571,10 @@ AVX2_FN void quantize_row8_avx2(const T* x, int64_t K, int qtype, int8_t* xq, fl
   }
   for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
 }
+
+// Keeps an accumulator in its register, added to in program order: integer adds are associative, and without this
+// GCC sums a slot's products as a tree instead, every product stored to the stack first (3× slower on a Zen 3)
+AVX2_FN inline __attribute__((always_inline)) void in_register(__m256i& v) { __asm__("" : "+x"(v)); }
 
 AVX2_FN inline __m256i madd2(__m256i acc, __m256i a, __m256i b) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
@@ -1583,6 +1588,20 @@ struct Operands {
   std::vector<int64_t> shape;
 };
 
+// f(a, e) over [0, n) in chunks of about n / (8 · threads), multiples of `unit`, handed to the threads as they come
+// free (one atomic counter): a core slowed by its neighbours takes fewer chunks instead of holding up the call, which
+// an even split did (a step's median 30 % over its minimum on a shared 2-core host). Each chunk is computed whole by
+// one thread, so the values do not depend on the split.
+template <typename F>
+void chunks(int64_t n, int64_t unit, const F& f) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t size = std::max<int64_t>(1, n / (8 * threads * unit)) * unit;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t a; (a = next.fetch_add(size)) < n;) f(a, std::min(n, a + size));
+  });
+}
+
 Operands operands(const char* who, torch::Tensor x, const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K,
                   const c10::optional<torch::Tensor>& bias) {
   Operands o{format_of(qtype), 0, 0, {}, {}, {}};
@@ -1628,8 +1647,7 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
          x32p, xup, dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
          bf16 ? nullptr : out.data_ptr<float>(), bf16 ? (uint16_t*)out.data_ptr<at::BFloat16>() : nullptr};
   quantize_rows(o.x, c, (int)path, xq.data(), xq8.data(), x32p, xup, dx.data(), xsd.data());
-  const int64_t grain = std::min<int64_t>(NB, std::max<int64_t>(2, N / (4 * at::get_num_threads()) / 2 * 2));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+  chunks(N, NB, [&](int64_t n0, int64_t n1) {
     for (int64_t a = n0; a < n1; a += NB) {
       const int64_t e = std::min(n1, a + NB);
 #if QMM_X86
@@ -1821,7 +1839,7 @@ template <int QT, typename O>
 VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, const float* xm, int64_t S, int64_t xs,
                            O* y) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32;
-  at::parallel_for(0, c.N / 16, 2, [&](int64_t b0, int64_t b1) {
+  chunks(c.N / 16, 2, [&](int64_t b0, int64_t b1) {
     Packed p0(c.K, SLOT), p1(c.K, SLOT);
     const Packed* two[2] = {&p0, &p1};
     int64_t b = b0;
@@ -1838,10 +1856,10 @@ VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, con
 }
 
 // The same product with AVX2 (no VNNI): a ymm's 8 lanes 8 outputs, Packed's 16 rows two ymm; 4 bytes of a row of x
-// broadcast times the quants by pairs (vpmaddubsw), widened to int32 (vpmaddwd by ones) once a slot for Q4_K (its
-// pairs' int16 sums over a slot stay below 8 · 2 · 15 · 127 < 2¹⁵), every 4 bytes for the others; tiles of 3 rows
-// (4 ran no faster). On a Zen 3, 501 rows: 1.4–1.6× the fp32 GEMM of the dequantized weights (gate/up 68 against
-// 99 ms), ~100 GMAC/s, a quarter of the products' peak: what holds it back is not measured yet.
+// broadcast times the quants by pairs (vpmaddubsw), the pairs summed in int16 while they fit (T16 steps: a slot for
+// Q4_K, half of one for Q5_K and Q6_K), then widened to int32 (vpmaddwd by ones); tiles of 3 rows (4 ran no
+// faster). On a Zen 3, 501 rows: Q4_K ~145 GMAC/s over 2 cores, 1.5× the same loop with GCC's tree of the adds (see
+// in_register), 2.1× the fp32 GEMM of the dequantized weights.
 template <int QT>
 AVX2_FN void pack16_avx2(const Call& c, int64_t n0, Packed& p) {
   const int64_t groups = c.K / 256;
@@ -1899,6 +1917,10 @@ template <int QT, int R, typename O>
 AVX2_FN void prompt_tile_avx2(const Call& c, const Packed& p, const int8_t* xq, const float* dx, const float* xm,
                               int64_t S, int64_t xs, int64_t m0, int64_t n0, O* y) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32, SLOTS = 256 / SLOT;
+  // steps of 4 bytes whose pair sums stay in int16: T16 · 2 · max|q| · max|x| < 2¹⁵ (Q4_K 8 · 2 · 15 · 127, Q5_K
+  // 4 · 2 · 31 · 127, Q6_K 2 · 2 · 32 · 255)
+  constexpr int T16 = QT == Q4_K ? 8 : QT == Q5_K ? 4 : 2;
+  static_assert(SLOT / 4 % T16 == 0);
   const int64_t groups = c.K / 256;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][2];
@@ -1909,8 +1931,7 @@ AVX2_FN void prompt_tile_avx2(const Call& c, const Packed& p, const int8_t* xq, 
     __m256 gacc[R][2];
     for (int r = 0; r < R; r++) gacc[r][0] = gacc[r][1] = _mm256_setzero_ps();
     for (int j = 0; j < SLOTS; j++) {
-      __m256i ia[R][2];  // Q4_K: int16 pair sums, widened at the slot's end; else int32
-      for (int r = 0; r < R; r++) ia[r][0] = ia[r][1] = _mm256_setzero_si256();
+      __m256i p16[R][2], ia[R][2];  // int16 pair sums over T16 steps of 4 bytes, then their int32 sums
       const int64_t k40 = (g * 256 + j * SLOT) / 4;
 #pragma GCC unroll 8
       for (int t = 0; t < SLOT / 4; t++) {
@@ -1923,16 +1944,18 @@ AVX2_FN void prompt_tile_avx2(const Call& c, const Packed& p, const int8_t* xq, 
           for (int h = 0; h < 2; h++) {
             const __m256i w = h ? w1 : w0;  // Q6_K: x + 128 unsigned, q − 32 signed; else the quants unsigned
             const __m256i pr = QT == Q6_K ? _mm256_maddubs_epi16(xb, w) : _mm256_maddubs_epi16(w, xb);
-            ia[r][h] = QT == Q4_K ? _mm256_add_epi16(ia[r][h], pr) : _mm256_add_epi32(ia[r][h], _mm256_madd_epi16(pr, ones));
+            p16[r][h] = t % T16 ? _mm256_add_epi16(p16[r][h], pr) : pr;
+            in_register(p16[r][h]);
+            if (t % T16 == T16 - 1) {
+              const __m256i w32 = _mm256_madd_epi16(p16[r][h], ones);
+              ia[r][h] = t == T16 - 1 ? w32 : _mm256_add_epi32(ia[r][h], w32);
+            }
           }
         }
       }
       for (int h = 0; h < 2; h++) {
         const __m256 s = _mm256_loadu_ps(p.s.data() + (g * SLOTS + j) * 16 + 8 * h);
-        for (int r = 0; r < R; r++) {
-          const __m256i i32 = QT == Q4_K ? _mm256_madd_epi16(ia[r][h], ones) : ia[r][h];
-          gacc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), s, gacc[r][h]);
-        }
+        for (int r = 0; r < R; r++) gacc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r][h]), s, gacc[r][h]);
       }
     }
     for (int r = 0; r < R; r++) {
@@ -1958,7 +1981,7 @@ template <int QT, typename O>
 AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const float* xm, int64_t S, int64_t xs,
                          O* y) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32;
-  at::parallel_for(0, c.N / 16, 1, [&](int64_t b0, int64_t b1) {
+  chunks(c.N / 16, 1, [&](int64_t b0, int64_t b1) {
     Packed p(c.K, SLOT);
     for (int64_t b = b0; b < b1; b++) {
       pack16_avx2<QT>(c, 16 * b, p);

@@ -176,21 +176,13 @@ def _prompt_kernel_here() -> bool:
     return ext is not None and ext.best_path() >= qmatmul.PATHS["avx2"]
 
 
-@pytest.mark.parametrize("name", qmatmul.PROMPT_TYPES)
-def test_the_prompt_kernel_is_the_quantized_product(name):
-    """mm_prompt (a prompt's rows) quantizes x as mm does and differs from it only in its fp32 operations: against
-    the product of the quantized x (the twin's quantize_rows, the same values) and the file's weights in fp64, within
-    those operations' rounding: per output, one rounding each for a slot's scale, the slots' sum over a group, the
-    groups' sum, the minimums' (Q6_K: a group's offset), the bias, 2⁻²³ each (twice the unit) on the magnitude of
-    every term: (|x_q| + 128)·dx (Q6_K's x + 128) times |w| + 2·|dmin·m| (a quant's own part is within |w| + |dmin·m|)."""
-    if not _prompt_kernel_here():
-        pytest.skip("the prompt kernel runs on AVX-512 VNNI and AVX2 (elsewhere a prompt is a dense product)")
-    N, K = 48, 768  # two blocks of 16 outputs and one alone; 3 groups
-    blocks = gb.random_blocks(name, N, K, seed=8)
-    bias = torch.randn(N)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(37, K, generator=g)
-    x[:, 9] *= 40
+def _prompt_within_rounding(name, blocks, x, bias):
+    """mm_prompt against the product of the quantized x (the twin's quantize_rows, the same values) and the file's
+    weights in fp64, within the kernel's fp32 operations' rounding: per output, one rounding each for a slot's scale,
+    the slots' sum over a group, the groups' sum, the minimums' (Q6_K: a group's offset), the bias, 2⁻²³ each (twice
+    the unit) on the magnitude of every term: (|x_q| + 128)·dx (Q6_K's x + 128) times |w| + 2·|dmin·m| (a quant's
+    own part is within |w| + |dmin·m|). Rows 37 down to 32: tiles of 6 rows, then 1, 5, 4, 3, 2."""
+    N, K = blocks.shape[0], x.shape[1]
     xq, dx, _ = qmatmul.quantize_rows(x, 256)
     dxk = dx.double().repeat_interleave(256, 1)
     w = gb.dequantize(name, blocks, N, K).double()
@@ -203,15 +195,50 @@ def test_the_prompt_kernel_is_the_quantized_product(name):
     slots, per = (16, K // 256) if name == "q6_k" else (8, K // 32)
     ops = slots + K // 256 + per + 2
     tol = ops * 2.0**-23 * (((xq.double().abs() + 128) * dxk) @ (w.abs() + 2 * mins).T + bias.double().abs())
-    for M in (37, 35, 34, 33, 32):  # tiles of 6 rows, then 1, 5, 4, 3, 2
+    for M in (37, 35, 34, 33, 32):
         got = qmatmul.prompt_mm(x[:M], blocks, name, N, K, bias)
         assert got.dtype == torch.float32 and got.shape == (M, N)
         assert ((got.double() - want[:M]).abs() <= tol[:M]).all(), (M, ((got.double() - want[:M]).abs() / tol[:M]).max())
+
+
+@pytest.mark.parametrize("name", qmatmul.PROMPT_TYPES)
+def test_the_prompt_kernel_is_the_quantized_product(name):
+    """mm_prompt (a prompt's rows) quantizes x as mm does and differs from it only in its fp32 operations."""
+    if not _prompt_kernel_here():
+        pytest.skip("the prompt kernel runs on AVX-512 VNNI and AVX2 (elsewhere a prompt is a dense product)")
+    N, K = 48, 768  # two blocks of 16 outputs and one alone; 3 groups
+    blocks = gb.random_blocks(name, N, K, seed=8)
+    bias = torch.randn(N)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(37, K, generator=g)
+    x[:, 9] *= 40
+    _prompt_within_rounding(name, blocks, x, bias)
     # bf16 in and out: the same product of x's bf16 values, rounded once more to bf16
     xb = x.to(torch.bfloat16)
     got = qmatmul.prompt_mm(xb[None], blocks, name, N, K, bias)
     assert got.dtype == torch.bfloat16 and got.shape == (1, 37, N)
     assert torch.equal(got[0], qmatmul.prompt_mm(xb.float(), blocks, name, N, K, bias).to(torch.bfloat16))
+
+
+# each type's quant bytes (offsets in a block) and the value that makes every quant its largest magnitude
+EXTREME_QUANTS = {"q4_k": [(16, 144, 0xFF)], "q5_k": [(16, 176, 0xFF)], "q6_k": [(0, 192, 0x00)]}  # 15, 31, −32
+
+
+@pytest.mark.parametrize("name", qmatmul.PROMPT_TYPES)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_prompt_kernel_at_the_ends_of_its_integer_ranges(name, sign):
+    """Every quant at its largest magnitude and every x at ±127 once quantized: the kernels' int16 sums of pairs
+    (a slot's for Q4_K, half a slot's for Q5_K and Q6_K) reach their bounds and must not wrap or saturate."""
+    if not _prompt_kernel_here():
+        pytest.skip("the prompt kernel runs on AVX-512 VNNI and AVX2 (elsewhere a prompt is a dense product)")
+    N, K = 32, 512
+    blocks = gb.random_blocks(name, N, K, seed=3).reshape(N, K // 256, -1).clone()
+    for a, b, v in EXTREME_QUANTS[name]:
+        blocks[..., a:b] = v
+    blocks = blocks.reshape(N, -1)
+    x = torch.full((37, K), sign)
+    x[1::2] *= 3.0  # other rows, other dx
+    _prompt_within_rounding(name, blocks, x, torch.zeros(N))
 
 
 def test_the_prompt_kernel_runs_only_where_it_can():
