@@ -40,7 +40,7 @@
 // unpacked in registers, two weight rows at a time, fused32). The AVX-512 path unpacks 8 groups of 2 weight
 // rows at a time (they stay in L1) and holds a 2 × 4 tile of accumulators (weight rows × rows) in registers.
 // AVX2 (no VNNI): a 32-weight slot one ymm, vpmaddubsw then vpmaddwd by the scale (three instructions a slot and
-// row with the add); calls of ≤ SMALL_ROWS rows unpack each group in registers for tiles of ≤ 3 rows (fused_avx2;
+// row with the add); calls of ≤ SMALL_ROWS rows unpack each group in registers for tiles of ≤ 4 rows (fused_avx2;
 // the 32-element types ≤ 4, fused32_avx2), longer ones through an L1 buffer (tile_avx2).
 
 #include <torch/extension.h>
@@ -688,15 +688,16 @@ AVX2_FN void fused_avx2(const Call& c, int64_t n, int64_t m0, bool first, float*
   }
 }
 
-// Rows of a small call in tiles of ≤ 3 (the registers of a tile), of sizes as equal as they can be
+// Rows of a small call in tiles of ≤ 4, of sizes as equal as they can be
 template <int QT>
 AVX2_FN void small_avx2(const Call& c, int64_t n, float* mm) {
-  const int64_t tiles = (c.M + 2) / 3;
+  const int64_t tiles = (c.M + 3) / 4;
   for (int64_t t = 0, m0 = 0; t < tiles; t++) {
     const int64_t mt = (c.M - m0) / (tiles - t);
     if (mt == 1) fused_avx2<QT, 1>(c, n, m0, t == 0, mm);
     else if (mt == 2) fused_avx2<QT, 2>(c, n, m0, t == 0, mm);
-    else fused_avx2<QT, 3>(c, n, m0, t == 0, mm);
+    else if (mt == 3) fused_avx2<QT, 3>(c, n, m0, t == 0, mm);
+    else fused_avx2<QT, 4>(c, n, m0, t == 0, mm);
     m0 += mt;
   }
 }
