@@ -762,3 +762,14 @@ def test_every_synthetic_mode_has_its_own_plot_colour():
     from specdec_cli.bench.plots import COLORS
 
     assert set(SYNTHETIC_MODES) <= set(COLORS) and len(set(COLORS.values())) == len(COLORS)
+
+
+def test_a_setting_names_its_draft_and_only_the_options_that_apply_to_it():
+    """A lookup draft has no vocabulary or weights: the results name it by its spec, a model draft by its options
+    (the summarize default is lookup: its records said "vocab 32768, quantized" before)."""
+    assert runners._draft_label("lookup", 32768, True) == "lookup"
+    assert runners._draft_label("lookup:4-2", 0, False) == "lookup:4-2"
+    assert runners._draft_label("embedded", 32768, True) == "vocab 32768, quantized"
+    assert runners._draft_label("lookup+embedded", 0, False) == "lookup+vocab full, unquantized"
+    cfg = config.TaskConfig(task="summarize", gammas=[4], modes=["exact"])
+    assert [s.draft for s in runners.task_settings(cfg)] == ["lookup"]

@@ -41,7 +41,7 @@ class TaskRecord:
     outputs: list[str] = field(default_factory=list)  # the text of each input, in input order
     schedule: str | None = None  # the γ schedule (decoding/schedule.py); None for autoregressive
     threads: int | None = None  # torch intra-op threads it ran with
-    draft: str | None = None  # the draft's options, e.g. "vocab 32768, quantized" (None for autoregressive)
+    draft: str | None = None  # "lookup", or a model draft's options ("vocab 32768, quantized"); None: autoregressive
     rounds_per_gamma: list[int] = field(default_factory=list)  # [γ]: rounds run at that γ (0: plain steps)
     mean_gamma: float | None = None  # draft tokens per round, plain steps counted as 0
     measured: dict | None = None  # what the auto schedule measured (decoding.schedule.Auto.estimates)

@@ -21,6 +21,7 @@ from specdec_cli import options
 from specdec_cli.bench import peers
 from specdec_cli.bench.contenders import WARMUP_TOKENS, Contender, Progress, TaskRecord, contenders_of, run_contenders
 from specdec_cli.decoding import GenerationStats, merge_stats
+from specdec_cli.drafts import spec
 from specdec_cli.errors import SpecdecError
 from specdec_cli.tasks import audio, summarize, transcribe
 
@@ -95,9 +96,17 @@ def task_settings(config) -> list[Setting]:
     out = []
     for t, i, v, q in points:
         opts = base.replace(draft_vocab=v, draft_quantized=q, **({"target_int8": i} if i else {}))
-        out.append(Setting(t, opts, f"vocab {v or 'full'}, {'quantized' if q else 'unquantized'}"
-                                    + (", int8 target" if i else ""), i))
+        out.append(Setting(t, opts, _draft_label(opts.draft, v, q) + (", int8 target" if i else ""), i))
     return out
+
+
+def _draft_label(draft: str, vocab: int, quantized: bool) -> str:
+    """A setting's draft as the results name it: the model draft's vocabulary and weights (a lookup draft has
+    neither: its spec alone)."""
+    lookup, model = spec.split_lookup(draft)
+    if model is None:
+        return lookup
+    return (f"{lookup}+" if lookup else "") + f"vocab {vocab or 'full'}, {'quantized' if quantized else 'unquantized'}"
 
 
 def examples_dir() -> Path:
