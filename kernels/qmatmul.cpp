@@ -573,7 +573,7 @@ AVX2_FN void quantize_row8_avx2(const T* x, int64_t K, int qtype, int8_t* xq, fl
 }
 
 // Keeps an accumulator in its register, added to in program order: integer adds are associative, and without this
-// GCC sums a slot's products as a tree instead, every product stored to the stack first (3× slower on a Zen 3)
+// GCC sums a slot's products as a tree instead, every product stored to the stack first (1.5× slower on a Zen 3)
 AVX2_FN inline __attribute__((always_inline)) void in_register(__m256i& v) { __asm__("" : "+x"(v)); }
 
 AVX2_FN inline __m256i madd2(__m256i acc, __m256i a, __m256i b) {
@@ -1590,9 +1590,9 @@ struct Operands {
 };
 
 // f(a, e) over [0, n) in chunks of about n / (8 · threads), multiples of `unit`, handed to the threads as they come
-// free (one atomic counter): a core slowed by its neighbours takes fewer chunks instead of holding up the call, which
-// an even split did (a step's median 30 % over its minimum on a shared 2-core host). Each chunk is computed whole by
-// one thread, so the values do not depend on the split.
+// free (one atomic counter): a core slowed by a neighbour's process takes fewer chunks instead of holding up the call
+// (OpenMP's even split waited for it: with a neighbour taking 30 % of a core, 501-row products gained up to 1.24×,
+// benchmarks/README.md). Each chunk is computed whole by one thread, so the values do not depend on the split.
 template <typename F>
 void chunks(int64_t n, int64_t unit, const F& f) {
   const int64_t threads = at::get_num_threads();
@@ -1859,8 +1859,8 @@ VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, con
 // The same product with AVX2 (no VNNI): a ymm's 8 lanes 8 outputs, Packed's 16 rows two ymm; 4 bytes of a row of x
 // broadcast times the quants by pairs (vpmaddubsw), the pairs summed in int16 while they fit (T16 steps: a slot for
 // Q4_K, half of one for Q5_K and Q6_K), then widened to int32 (vpmaddwd by ones); tiles of 3 rows (4 ran no
-// faster). On a Zen 3, 501 rows: Q4_K ~145 GMAC/s over 2 cores, 1.5× the same loop with GCC's tree of the adds (see
-// in_register), 2.1× the fp32 GEMM of the dequantized weights.
+// faster). On a Zen 3, 501 rows: Q4_K ~140 GMAC/s over 2 cores, 1.5× the same loop with GCC's tree of the adds (see
+// in_register), ~2× the fp32 GEMM of the dequantized weights.
 template <int QT>
 AVX2_FN void pack16_avx2(const Call& c, int64_t n0, Packed& p) {
   const int64_t groups = c.K / 256;
