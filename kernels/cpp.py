@@ -53,11 +53,19 @@ class Extension:
         text = self.source.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}|{self.cflags}|{cpu_flags()}".encode()
         return hashlib.sha256(text).hexdigest()[:16]
 
+    def folder(self) -> Path:
+        """Where this machine's build of it is cached."""
+        return cache_root() / "kernels" / f"{self.name}-{self.key()}"
+
+    def cached(self) -> bool:
+        """Whether a build for this machine is in the cache (module() then only loads it)."""
+        return any(self.folder().glob("*.so"))
+
     def build(self):
         from torch.utils import cpp_extension
 
-        key = self.key()
-        where = cache_root() / "kernels" / f"{self.name}-{key}"
+        where = self.folder()
+        key = where.name.rsplit("-", 1)[1]
         where.mkdir(parents=True, exist_ok=True)
         import logging
 

@@ -114,3 +114,15 @@ def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
     spec = generate(target, smollm2.model, ids, mode="exact", gamma=5, gamma_schedule="constant", max_new_tokens=40)
     assert spec.tokens[0] == alone.tokens[0] and len(alone.tokens[0]) > 10
     assert spec.stats.target_calls < 40
+
+
+def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
+    """A GGUF model's load builds (or loads from the cache) the C++ kernels its steps run, so that no input's time
+    holds a build."""
+    from specdec_cli.models import gguf_linear
+
+    called = []
+    for kernel in gguf_linear.STEP_KERNELS:
+        monkeypatch.setattr(kernel, "module", lambda k=kernel: called.append(k.name))
+    gguf_linear.build_kernels(progress=False)
+    assert called == ["qmatmul", "layer_ops", "rows_attention"]

@@ -148,6 +148,7 @@ def test_a_failed_build_falls_back_to_the_twin(monkeypatch):
 def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
     if shutil.which("c++") and platform.machine() in ("x86_64", "AMD64"):  # then it builds (the twin is no excuse)
         assert qmatmul.extension() is not None, qmatmul.KERNEL.error
+        assert qmatmul.KERNEL.cached() and qmatmul.KERNEL.folder().name.endswith(qmatmul.KERNEL.key())
     key = qmatmul.KERNEL.key()
     assert len(key) == 16 and key == qmatmul.KERNEL.key()
     other = cpp.Extension("qmatmul", qmatmul.SOURCE, ["-O2"], "")
@@ -155,6 +156,7 @@ def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
     assert qmatmul.backend_line()  # one line naming the path
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     assert cpp.cache_root() == tmp_path
+    assert not qmatmul.KERNEL.cached()  # nothing built under this cache: a GGUF model's load would build it
 
 
 @pytest.mark.parametrize("name", TYPES)
