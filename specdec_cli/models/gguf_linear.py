@@ -211,7 +211,8 @@ STEP_KERNELS = (qmatmul.KERNEL, layer_ops.KERNEL, rows_attention.KERNEL)  # a st
 
 def build_kernels(progress: bool) -> None:
     """Build the C++ kernels a step runs now, at load, where this machine has no build of them yet (the first time
-    about a minute), so that no input's time holds a build (the demo's first article took 55 s instead of 13)."""
+    about a minute), so that no input's time holds a build (the demo's first article took 47–55 s instead of ~10:
+    rows_attention was built in its first pass)."""
     todo = [k.name for k in STEP_KERNELS if not k.cached()]
     with status(progress and bool(todo), f"building the {', '.join(todo)} kernels for this CPU (once: they are cached)"):
         for kernel in STEP_KERNELS:

@@ -20,7 +20,7 @@ from torch import nn
 
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import gguf_blocks
-from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks
+from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks, build_kernels
 from specdec_cli.models.loading import LoadedModel
 
 QTYPES = {"int8": "q8_0", "int4": "q4_1"}  # --target-quant -> the blocks a model without a GGUF is quantized to
@@ -47,6 +47,8 @@ def hold(loaded: LoadedModel, form: str, role: str = "target", progress: bool = 
                                    f"{loaded.name} is a GGUF: its own blocks run with --target-quant gguf (the default)")
             quantize_linears(loaded.model, QTYPES[form])
             held = form
+    if held != "none":
+        build_kernels(progress)  # at load: no input's time holds a build
     loaded.weights = held
     return held
 
