@@ -65,12 +65,11 @@ class Extension:
         from torch.utils import cpp_extension
 
         where = self.folder()
-        key = where.name.rsplit("-", 1)[1]
         where.mkdir(parents=True, exist_ok=True)
         import logging
 
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        name = re.sub(r"\W", "_", f"specdec_{self.name}_{key}")  # a Python module's name
+        name = re.sub(r"\W", "_", f"specdec_{where.name}")  # a Python module's name: specdec_<name>_<key>
         return cpp_extension.load(name=name, sources=[str(self.source)], build_directory=str(where),
                                   extra_cflags=self.cflags + OPENMP, extra_ldflags=OPENMP, verbose=False)
 
