@@ -7,6 +7,7 @@
     exact.py      the exact Triton kernels and their torch twin (the CPU path)
     sigmoid.py    the sigmoid approximation: its torch twin (its Triton kernel is exact.py's with SIGMOID)
     compile.py    every plan compiled for a GPU architecture, without a GPU
+    triton_launch.py  a compiled kernel launched again without Triton's dispatch (the door to its internals)
 
 And the CPU kernels of the decoding loop's target (C++, built at first use by cpp.py):
 

@@ -62,13 +62,13 @@ def signature(kernel: str, dtype: str, sigmoid: bool, one_hot: bool = False) -> 
     scalars = {"inv_t": "fp32", "alpha": "fp32", "beta": "fp32"}
     sizes = {"gamma": "i32", "V": "i32", "chunk": "i32", "SPLITS": "i32"}
     if kernel == "_row_stats_kernel":
-        return {"logits_ptr": z, "max_ptr": "*fp32", "sum_ptr": "*fp32", "bad_ptr": "*i32", "count_ptr": "*i32", **sizes,
+        return {"logits_ptr": z, "max_ptr": "*fp32", "sum_ptr": "*fp32", "bad_ptr": "*i32", **sizes,
                 "stride_zb": "i32", "stride_zc": "i32", "inv_t": "fp32", "BLOCK": "constexpr"}
     meta = {"GAMMA_P2": "constexpr", "SPLITS_P2": "constexpr", "BLOCK": "constexpr", "SIGMOID": "constexpr",
             "ONE_HOT": "constexpr"}
     pointers = {"tokens_ptr": "*i64", "draft_ptr": q, "logits_ptr": z, "u_ptr": "*fp32", "max_ptr": "*fp32",
                 "sum_ptr": "*fp32", "row_bad_ptr": "*i32", "wsum_ptr": "*fp64", "psum_ptr": "*fp64",
-                "draw_bad_ptr": "*i32", "count_ptr": "*i32", "n_ptr": "*i64", "out_ptr": "*i64", "error_ptr": "*i64"}
+                "draw_bad_ptr": "*i32", "count_ptr": "*i32", "counts_ptr": "*i64", "out_ptr": "*i64"}
     return {**pointers, **sizes, **strides, **scalars, **meta}
 
 

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from specdec_cli.errors import NonFiniteLogitsError
 
+from . import triton_launch
 from .contract import PAD, Verification, check_draft_tokens, triton_backend_name
 from .draw import assemble, draw_from_weights
 
@@ -115,7 +116,6 @@ def _row_stats_kernel(
     max_ptr,  # [B·(γ+1), SPLITS] fp32 out: running max of z/T over the split
     sum_ptr,  # [B·(γ+1), SPLITS] fp32 out: Σ exp(z/T − max) over the split
     bad_ptr,  # [B·(γ+1), SPLITS] int32 out: count of NaN / +inf in the split
-    count_ptr,  # [B] int32 out: zeroed here for stage 2's count (no fill launch; sigmoid's launcher zeroes it)
     # sizes and strides
     gamma,
     V,
@@ -148,8 +148,6 @@ def _row_stats_kernel(
     tl.store(max_ptr + row * SPLITS + split, m)
     tl.store(sum_ptr + row * SPLITS + split, s)
     tl.store(bad_ptr + row * SPLITS + split, bad)
-    if (split == 0) & (row % (gamma + 1) == 0):  # one program per sequence; stage 2 starts after this grid ends
-        tl.store(count_ptr + row // (gamma + 1), 0)
 
 
 @triton.jit
@@ -193,10 +191,10 @@ def _accept_draw_kernel(
     wsum_ptr,  # [B, SPLITS] fp64 scratch: Σ residual over the split of row n
     psum_ptr,  # [B, SPLITS] fp64 scratch: Σ p over the split of row n (the fallback when the residual is 0)
     draw_bad_ptr,  # [B, SPLITS] int32 scratch (SIGMOID only: NaN / +inf among what it read)
-    count_ptr,  # [B] int32, zeroed: splits of b finished
-    n_ptr,  # [B] int64 out: accepted count = the row drawn from
+    count_ptr,  # [B] int32, 0 on entry: splits of b finished (the drawing split puts it back to 0)
+    counts_ptr,  # [2, B] int64 out: the accepted count (the row drawn from), then 0 or ERR_NONFINITE |
+    #              ERR_ALL_MASKED | ERR_BAD_TOKEN for what b's rows held
     out_ptr,  # [B, γ+1] int64 out: accepted draft tokens, the drawn token, then PAD
-    error_ptr,  # [B] int64 out: 0, or ERR_NONFINITE | ERR_ALL_MASKED | ERR_BAD_TOKEN for what b's rows held
     # sizes and strides
     gamma,
     V,
@@ -222,7 +220,7 @@ def _accept_draw_kernel(
 ):
     """Stage 2 (grid (B, SPLITS)): each row's lse, accept/reject from gathered scalars, the first rejection n, and
     Σ of the draw's weights over one split of row n; the split that finishes last then draws (_draw). Long: its
-    31 arguments take a line each, and the stage is one launch (the per-tile math is in _tile and _weight)."""
+    30 arguments take a line each, and the stage is one launch (the per-tile math is in _tile and _weight)."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     c = tl.arange(0, GAMMA_P2)  # draft positions (γ is the bonus row)
@@ -288,16 +286,17 @@ def _accept_draw_kernel(
     # orders this program's threads, the acq_rel atomic the programs), and the drawing split reads them after its own
     tl.debug_barrier()
     if tl.atomic_add(count_ptr + b, 1, sem="acq_rel") == SPLITS - 1:
+        tl.store(count_ptr + b, 0)  # every split has counted: the next step on this workspace starts from 0
         _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_ptr, psum_ptr,
-              draw_bad_ptr, n_ptr, out_ptr, error_ptr, gamma, V, chunk, SPLITS, stride_ub, stride_uc, inv_t, alpha, beta, GAMMA_P2, SPLITS_P2, BLOCK, SIGMOID, ONE_HOT)
+              draw_bad_ptr, counts_ptr, out_ptr, gamma, V, chunk, SPLITS, stride_ub, stride_uc, inv_t, alpha, beta, GAMMA_P2, SPLITS_P2, BLOCK, SIGMOID, ONE_HOT)
 
 
 @triton.jit
 def _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_ptr, psum_ptr, draw_bad_ptr,
-          n_ptr, out_ptr, error_ptr, gamma, V, chunk, SPLITS, stride_ub, stride_uc, inv_t, alpha,
+          counts_ptr, out_ptr, gamma, V, chunk, SPLITS, stride_ub, stride_uc, inv_t, alpha,
           beta, GAMMA_P2: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK: tl.constexpr, SIGMOID: tl.constexpr,
           ONE_HOT: tl.constexpr):
-    """Sequence b's drawn token, its out_tokens row, n and its error flags, from every split's sums (read through
+    """Sequence b's drawn token, its out_tokens row, n and its error flags (counts [2, B]), from every split's sums (read through
     L2, ".cg": other programs wrote them). x [GAMMA_P2]: the draft tokens (0 past γ); x_n: the one rejected."""
     # inverse CDF in two levels: the split where Σ reaches u·total, then the token inside it
     k = tl.arange(0, SPLITS_P2)
@@ -330,7 +329,7 @@ def _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_p
     x = tl.where(c < gamma, x, -1)
     out = tl.where(c < n, x, tl.where(c == n, token, OUT_PAD))
     tl.store(out_ptr + b * (gamma + 1) + c, out, mask=c <= gamma)
-    tl.store(n_ptr + b, n.to(tl.int64))
+    tl.store(counts_ptr + b, n.to(tl.int64))
 
     # what the caller must hear about, read when it chooses (no host synchronisation here): any draft id outside
     # [0, V); NaN, +inf or an all −inf row among the rows the decision read (0..n), as the torch path reads them
@@ -345,7 +344,7 @@ def _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_p
         error = tl.where(masked > 0, error | ERR_ALL_MASKED, error)
     error = tl.where(token < 0, error | ERR_ALL_MASKED, error)  # no weight above zero: nothing was drawn
     error = tl.where(bad > 0, error | ERR_NONFINITE, error)
-    tl.store(error_ptr + b, error.to(tl.int64))
+    tl.store(counts_ptr + tl.num_programs(0) + b, error.to(tl.int64))  # row 1 of counts
 
 
 OUT_PAD: tl.constexpr = tl.constexpr(PAD)  # out_tokens after the emitted ones
@@ -392,13 +391,41 @@ def _last_dim_contiguous(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+class _Step:
+    """What the steps of one shape launch with, made once (launch keeps it by its key): the workspace of the split
+    statistics and the two launches. The workspace is zeroed once; its count is back at 0 after every step (the
+    drawing split resets it), and a stream runs its steps one after another, so every step on that stream reuses it."""
+
+    def __init__(self, B: int, gamma: int, plan: tuple[int, int, int], sigmoid: bool, one_hot: bool, device, stream):
+        block, S, _ = plan
+        R = B * (gamma + 1)
+        scratch = torch.empty(2 * B * S + R * S, dtype=torch.float64, device=device)  # carved into named views
+        wsum, psum = scratch[:2 * B * S].view(2, B, S)  # Σ residual, Σ p over each split of row n (fp64)
+        row_max, row_sum = scratch[2 * B * S:].view(torch.float32).view(2, R, S)  # stage 1's running max, Σ exp
+        flags = torch.zeros(B + R * S + B * S, dtype=torch.int32, device=device)
+        count = flags[:B]  # [B] splits of b done
+        row_bad, draw_bad = flags[B:B + R * S].view(R, S), flags[B + R * S:].view(B, S)  # NaN / +inf seen
+        self.stage1 = (row_max, row_sum, row_bad)
+        self.stage2 = (row_max, row_sum, row_bad, wsum, psum, draw_bad, count)
+        self.row_stats = None if sigmoid else triton_launch.Launch(_row_stats_kernel, (R, S), stream, BLOCK=block)
+        gamma_p2, splits_p2 = triton.next_power_of_2(gamma + 1), triton.next_power_of_2(S)
+        self.accept_draw = triton_launch.Launch(
+            _accept_draw_kernel, (B, S), stream, GAMMA_P2=gamma_p2, SPLITS_P2=splits_p2, BLOCK=block, SIGMOID=sigmoid,
+            ONE_HOT=one_hot, num_warps=_warps(gamma_p2, splits_p2), maxnreg=MAX_REGISTERS)
+
+
+_STEPS: dict[tuple, _Step] = {}  # launch's key -> its _Step
+
+
 def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid, alpha=0.0, beta=1.0, plan=None):
     """Shared launcher of the exact and sigmoid kernels. `draft` is draft_probs, or the draft logits when
-    sigmoid, or None for a deterministic draft (exact only: q one-hot at the draft tokens). Every input is read through its strides (a vocabulary slice is not copied; a last dim that is
-    not contiguous is). Returns (out_tokens [B, γ+1], counts [2, B] int64: num_accepted, then 0 or the bits of
-    ERRORS, in one buffer that one copy reads), with no host synchronisation: a CUDA graph can hold it. plan: (BLOCK, SPLITS, chunk) as _plan
-    gives them, in place of this device's; the tests run a GPU's plans under the interpreter with it
-    (tests/test_plans.py). The custom op never passes one."""
+    sigmoid, or None for a deterministic draft (exact only: q one-hot at the draft tokens). Every input is read
+    through its strides (a vocabulary slice is not copied; a last dim that is not contiguous is). Returns
+    (out_tokens [B, γ+1], counts [2, B] int64: num_accepted, then 0 or the bits of ERRORS, in one buffer that one copy
+    reads), with no host synchronisation: a CUDA graph can hold it. plan: (BLOCK, SPLITS, chunk) as _plan gives them,
+    in place of this device's; the tests run a GPU's plans under the interpreter with it (tests/test_plans.py).
+    The custom op never passes one. A step costs the host two allocations and two launches that skip Triton's
+    dispatch (kernels/triton_launch.py): everything Triton specializes on is in the key of the step's _Step."""
     # (1) check shapes
     B, gamma = draft_tokens.shape
     V = target_logits.shape[-1]
@@ -411,35 +438,30 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     uniforms = uniforms.float()
     device = target_logits.device
     interpreted = triton_backend_name() == "triton-interpreter"
-    block, splits, chunk = plan or _plan(V, B, device, interpreted)
-    assert chunk % block == 0 and splits == triton.cdiv(V, chunk), "a plan covers V in SPLITS chunks of whole BLOCKs"
-    meta = dict(SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block)
-    inv_t = 1.0 / temperature
-    # (2) allocate: four buffers and no fill (each costs host time every step), the scratch carved into named views
-    R, S = B * (gamma + 1), splits
-    scratch = torch.empty(2 * B * S + R * S, dtype=torch.float64, device=device)
-    sums = scratch[:2 * B * S].view(2, B, S)  # Σ residual, Σ p over each split of row n (fp64)
-    stats = scratch[2 * B * S:].view(torch.float32).view(2, R, S)  # running max, Σ exp (stage 1, fp32)
-    # the counts must start at 0: stage 1 zeroes them; sigmoid has no stage 1
-    flags = (torch.zeros if sigmoid else torch.empty)(B + R * S + B * S, dtype=torch.int32, device=device)
-    count = flags[:B]  # [B] splits of b done
-    row_bad, draw_bad = flags[B:B + R * S].view(R, S), flags[B + R * S:].view(B, S)
-    counts = torch.empty((2, B), dtype=torch.int64, device=device)  # out: accepted counts, error bits
-    n, error = counts[0], counts[1]
-    out = torch.empty((B, gamma + 1), dtype=torch.int64, device=device)
+    plan = plan or _plan(V, B, device, interpreted)
+    block, S, chunk = plan
+    assert chunk % block == 0 and triton.cdiv(V, chunk) == S, "a plan covers V in SPLITS chunks of whole BLOCKs"
+    inputs = (draft_tokens, draft, target_logits, uniforms)
     strides = (*draft_tokens.stride(), *draft.stride()[:2], *target_logits.stride()[:2], *uniforms.stride())
+    inv_t, alpha, beta = 1.0 / temperature, float(alpha), float(beta)  # floats: Triton types an int otherwise
+    # (2) the step's workspace and launches: kept by everything Triton specializes on, and the stream
+    stream = None if interpreted else triton_launch.current_stream(device.index)
+    if stream is not None and torch.cuda.is_current_stream_capturing():
+        step = _Step(B, gamma, plan, sigmoid, one_hot, device, stream)  # a graph's own, never shared with eager steps
+    else:
+        key = (B, gamma, V, plan, sigmoid, one_hot, strides, device, stream,
+               *((t.dtype, t.data_ptr() % 16 == 0) for t in inputs))
+        step = _STEPS.get(key)
+        if step is None:
+            if len(_STEPS) >= 64:
+                _STEPS.clear()
+            step = _STEPS[key] = _Step(B, gamma, plan, sigmoid, one_hot, device, stream)
+    counts = torch.empty((2, B), dtype=torch.int64, device=device)  # out: accepted counts, error bits
+    out = torch.empty((B, gamma + 1), dtype=torch.int64, device=device)
     # (3) launch
-    if not sigmoid:
-        _row_stats_kernel[(R, S)](
-            target_logits, stats[0], stats[1], row_bad, count, gamma, V, chunk, S, *target_logits.stride()[:2], inv_t,
-            BLOCK=block,
-        )
-    gamma_p2 = triton.next_power_of_2(gamma + 1)
-    _accept_draw_kernel[(B, S)](
-        draft_tokens, draft, target_logits, uniforms, stats[0], stats[1], row_bad, sums[0], sums[1], draw_bad, count,
-        n, out, error, gamma, V, chunk, S, *strides, inv_t, alpha, beta, GAMMA_P2=gamma_p2, SIGMOID=sigmoid,
-        ONE_HOT=one_hot, num_warps=_warps(gamma_p2, meta["SPLITS_P2"]), maxnreg=MAX_REGISTERS, **meta,
-    )
+    if step.row_stats is not None:
+        step.row_stats(target_logits, *step.stage1, gamma, V, chunk, S, *strides[4:6], inv_t)
+    step.accept_draw(*inputs, *step.stage2, counts, out, gamma, V, chunk, S, *strides, inv_t, alpha, beta)
     return out, counts
 
 

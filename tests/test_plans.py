@@ -89,3 +89,18 @@ def test_every_gpu_plan_decides_as_the_reference(V, mode):
         assert expected.num_accepted[0] == 1, "row 0 reaches its bonus token"
         residuals += int(expected.num_accepted[1] == 0)
     assert residuals >= len(plans) // 2, "most cases draw a residual in row 1"
+
+
+@pytest.mark.parametrize("mode", ["exact", "sigmoid"])
+def test_steps_of_one_shape_share_a_workspace_and_each_decides_as_the_reference(mode):
+    """Three steps of one shape (V = 5 003 in 5 splits of 1 024) on new logits and uniforms: one workspace serves all
+    three (exact._STEPS holds one entry for them), and each step's tokens and counts are the reference's. The
+    drawing split puts the workspace's count back to 0: without that, the second step's last split would never see
+    SPLITS − 1, and nothing would be drawn."""
+    plan = (1024, 5, 1024)
+    exact._STEPS.clear()
+    for seed in range(3):
+        expected, (out, (n, error)) = run_plan(mode, plan_case(5003, seed=100 + seed), plan)
+        assert torch.equal(expected.out_tokens, out) and torch.equal(expected.num_accepted, n), (mode, seed)
+        assert not error.any()
+    assert len(exact._STEPS) == 1

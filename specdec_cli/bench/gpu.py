@@ -8,7 +8,8 @@
                  over ≥ 100 000 draws by the kernel itself; sigmoid's distance to the target
     4. graph     the exact step captured in a CUDA graph and replayed: same tokens as eager, time of both
     5. copy      the device's copy bandwidth, the yardstick of the exact step's bytes
-    6. tests     the kernel tests (tests/test_verify.py) compiled on the device, when pytest is importable
+    6. tests     the kernel tests (tests/test_verify.py, tests/test_plans.py) compiled on the device, when pytest
+                 is importable
     7. grid      `specdec bench --task synthetic` over V × γ × B for baseline, hf, exact, sigmoid and FlashInfer
                  (when importable, its softmax included), bytes and achieved bandwidth per step
     8. loop      decoding end to end on randomly initialised models of real shapes: a Llama-style ~1B target
@@ -174,13 +175,8 @@ def _previous_launch():
 
 
 def _previous_read(launched) -> list[int]:
-    """The accepted counts as Verification.accepted read them at 63790a6 (int32 flags apart from the counts):
-    the counts and flags joined on the device, one copy, then the flags a CPU tensor whose distinct values are ORed."""
-    _, n, error = launched
-    both = torch.cat([n, error.to(n.dtype)]).tolist()
-    for _ in torch.tensor(both[n.shape[0]:]).unique().tolist():
-        pass
-    return both[:n.shape[0]]
+    """The accepted counts of a previous launcher's (out, counts), read as Verification.accepted reads them."""
+    return launched[1].tolist()[0]
 
 
 def _host_us(fn, calls: int = 200) -> float:
@@ -215,15 +211,17 @@ def _graphed(fn):
 
 def _eager_steps(case, previous) -> dict:
     """The exact step's eager calls on case (tokens, probs, logits, u), by name: the launcher, the custom op, the loop's
-    path (verify() and its read of the counts), and the previous launcher with the read it had, when there."""
+    path (verify() and its read of the counts), baseline's step read alike, and the previous launcher with the same
+    read, when there."""
     from specdec_cli.decoding.verify import verify
     from specdec_cli.kernels import exact
 
     eager = {"two launches": functools.partial(exact.launch, *case, 1.0, sigmoid=False),
              "custom op": functools.partial(torch.ops.specdec.verify_triton, *case, 1.0, False, 0.0, 1.0),
              "verify() + check": lambda: verify("exact", *case).checked(),
-             "verify() + accepted()": lambda: verify("exact", *case).accepted()}  # the decoding loop's step
-    if previous is not None:  # its launch read as the loop read it at 63790a6: cat, cast, then the flags
+             "verify() + accepted()": lambda: verify("exact", *case).accepted(),  # the decoding loop's step
+             "baseline: verify() + accepted()": lambda: verify("baseline", *case).accepted()}
+    if previous is not None:  # its launch read as the loop reads it
         eager["previous launcher + its read"] = lambda: _previous_read(previous(*case, 1.0, sigmoid=False))
     return eager
 
@@ -445,12 +443,12 @@ def tests(run: Run) -> dict:
     if importlib.util.find_spec("pytest") is None:
         return {"skipped": "pytest is not importable here"}
     root = Path.cwd()  # the source tree `make gpu` runs in (this module runs from an install of it)
-    suite = root / "tests" / "test_verify.py"
-    if not suite.is_file():
+    suite = [root / "tests" / name for name in ("test_verify.py", "test_plans.py")]  # the kernels, every GPU plan
+    if not all(path.is_file() for path in suite):
         return {"skipped": f"{suite} not found"}
     env = {**os.environ, "SPECDEC_TEST_DEVICE": run.device}
     # -P: the root (with its kernels/ folder, which transformers would take for Hugging Face's) stays off sys.path
-    args = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), str(suite)]
+    args = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), *map(str, suite)]
     if run.tiny:
         args += ["-m", "not slow", "-k", "triton and 1000"]
     r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=root,
