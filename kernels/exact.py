@@ -17,9 +17,10 @@ logits, then 2·B·V of the drawn rows and 4·B·V of their draft rows), and the
     B = 64: 175.0 MB  -> 58.3 µs        (bandwidth-bound: the figure to compare a GPU run with)
 Measured on an H100 (benchmarks/gpu-h100, CUDA-graph replays): B = 1 21.1 µs, B = 8 31.0 µs, B = 64 106.4 µs, i.e.
 0.55 of the measured 3 010 GB/s copy bandwidth; FlashInfer's chain sampling with its softmax 85.7 / 165.5 / 618.9.
-Eager, a step is host-bound: three launches and ten allocations cost 154 µs of host time a call, two launches and
-five 114 µs (the device time did not change). What is left is Triton's dispatch (~80 µs of host time for the two
-launches under cProfile) and this launcher's Python; the loop's read of the counts and flags is one copy (README).
+Eager, a step is host-bound (its device time is 21 µs at B = 1). Three launches and ten allocations cost 154 µs of
+host time a call; two launches through Triton's dispatch and five 114 µs; now a shape's workspace and its two
+compiled launches are kept (_Step, kernels/triton_launch.py): 36 µs, and the loop's step with its read of the counts
+89 µs at B = 1 against baseline's 997 and FlashInfer's 208 (no read) in the same run (benchmarks/gpu-h100, run E).
 
 Triton grid (the paper's grid over (batch, draft position) with the vocabulary tiled in blocks of n,
 plus a split of each row over several programs so that B = 1 still fills the GPU):

@@ -4,7 +4,7 @@
 every call: for the exact step's two launches about 80 µs of host time under cProfile on the H100's host
 (benchmarks/gpu-h100), where the device time of the whole step at B = 1 is 21 µs. A caller that knows the
 specialization cannot have changed (its own key: the same shapes, strides, dtypes and pointer alignment) launches
-the compiled kernel that its first call returned.
+the compiled kernel that its first call returned: the step's host time went from 118 to 36 µs (run E, README).
 
 Relies on (Triton 3.4 to 3.9: triton/runtime/jit.py JITFunction.run, triton/compiler/compiler.py CompiledKernel):
   - `kernel[grid](*args, **meta)` returns the CompiledKernel it launched;
