@@ -119,10 +119,10 @@ def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
 def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     """A GGUF model's load builds (or loads from the cache) the C++ kernels its steps run, so that no input's time
     holds a build."""
-    from specdec_cli.models import gguf_linear
+    from specdec_cli.models import gguf_linear, progress
 
     called = []
     for kernel in gguf_linear.STEP_KERNELS:
         monkeypatch.setattr(kernel, "module", lambda k=kernel: called.append(k.name))
-    gguf_linear.build_kernels(progress=False)
+    progress.build_kernels(False, gguf_linear.STEP_KERNELS)
     assert called == ["qmatmul", "layer_ops", "rows_attention"]

@@ -228,6 +228,24 @@ def test_int8_target_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
     assert torch.equal(passes, steps)
 
 
+@pytest.mark.parametrize("target_int8", [False, True])
+def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_int8):
+    """On a CPU, load_pair builds (or loads from the cache) the C++ kernels the steps will run, so that no
+    recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
+    rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run."""
+    from specdec_cli.options import TranscribeOptions
+
+    built = []
+    monkeypatch.setattr(T, "build_kernels", lambda progress, kernels: built.extend(k.name for k in kernels))
+    opts = TranscribeOptions(target=str(tiny_dir), dtype="float32", device="cpu", draft_vocab=150)
+    _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
+    assert draft.lean.weights == "int8"  # fp32: the lean self draft's int4 default is held as int8 rows
+    assert built == ["rows_attention", "int8_rows"]
+    built.clear()
+    T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
+    assert built == ["rows_attention", "int8_rows"] if target_int8 else ["rows_attention"]
+
+
 def test_a_lone_row_is_computed_as_the_first_of_two():
     """RowLinear: a one-row call gives exactly row 0 of the two-row call (the kernel rows ≥ 2 share), in bf16
     on a CPU; the layer is only wrapped there."""

@@ -28,7 +28,7 @@ from torch import nn
 
 from specdec_cli import internals, options
 from specdec_cli.kernels import gguf_blocks, layer_ops, qmatmul, rows_attention
-from specdec_cli.models.progress import status
+from specdec_cli.models.progress import build_kernels
 
 # A call over more tokens than a verification pass scores (γ + 1 ≤ this) is a prompt's prefill: every mode prefills
 # alike, so it may compute otherwise than steps do: qmatmul.prompt_mm (500 rows: 1.3–1.5× oneDNN's bf16 GEMM with
@@ -202,18 +202,8 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
 
         raise SpecdecError(f"'{spec}' is not a GGUF model: its weights have no GGUF blocks to run on")
     attach_gguf_blocks(loaded.model, path)
-    build_kernels(progress)
+    build_kernels(progress, STEP_KERNELS)
     return loaded
 
 
 STEP_KERNELS = (qmatmul.KERNEL, layer_ops.KERNEL, rows_attention.KERNEL)  # a step of a GGUF causal LM (llama_like)
-
-
-def build_kernels(progress: bool) -> None:
-    """Build the C++ kernels a step runs now, at load, where this machine has no build of them yet (the first time
-    about a minute), so that no input's time holds a build (the demo's first article took 47–55 s instead of ~10:
-    rows_attention was built in its first pass)."""
-    todo = [k.name for k in STEP_KERNELS if not k.cached()]
-    with status(progress and bool(todo), f"building the {', '.join(todo)} kernels for this CPU (once: they are cached)"):
-        for kernel in STEP_KERNELS:
-            kernel.module()

@@ -20,8 +20,9 @@ from torch import nn
 
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import gguf_blocks
-from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks, build_kernels
+from specdec_cli.models.gguf_linear import STEP_KERNELS, GgufLinear, attach_gguf_blocks
 from specdec_cli.models.loading import LoadedModel
+from specdec_cli.models.progress import build_kernels
 
 QTYPES = {"int8": "q8_0", "int4": "q4_1"}  # --target-quant -> the blocks a model without a GGUF is quantized to
 GROUP = 32  # weights per scale (a row's length must be a multiple of it)
@@ -48,7 +49,7 @@ def hold(loaded: LoadedModel, form: str, role: str = "target", progress: bool = 
             quantize_linears(loaded.model, QTYPES[form])
             held = form
     if held != "none":
-        build_kernels(progress)  # at load: no input's time holds a build
+        build_kernels(progress, STEP_KERNELS)  # at load: no input's time holds a build
     loaded.weights = held
     return held
 

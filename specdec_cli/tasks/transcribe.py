@@ -59,7 +59,9 @@ from specdec_cli.decoding import (
     merge_stats,
 )
 from specdec_cli.errors import SpecdecError
+from specdec_cli.kernels import int8_rows, rows_attention
 from specdec_cli.models import LoadedModel, int8
+from specdec_cli.models.progress import build_kernels
 from specdec_cli.models.whisper import (
     TIME_PER_TOKEN,
     WHISPER,
@@ -404,6 +406,10 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
             raise SpecdecError(f"--target-int8 runs on a CPU only (the target is on {target.device})")
         int8.quantize_linears(target.model.model.decoder)  # the encoder stays: see models/int8.py
         target.model.proj_out = int8.Int8Linear(target.model.proj_out)
+    if target.device.type == "cpu":  # the C++ kernels its steps run, built now: no recording's time holds a build
+        lean = getattr(draft, "lean", None)  # a lean self draft's decoder (drafts/lean_whisper.py)
+        int8_rows_run = opts.target_int8 or getattr(lean, "weights", None) == "int8"
+        build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if int8_rows_run else ())))
     return target, draft
 
 
