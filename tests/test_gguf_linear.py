@@ -118,11 +118,19 @@ def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
 
 def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     """A GGUF model's load builds (or loads from the cache) the C++ kernels its steps run, so that no input's time
-    holds a build."""
+    holds a build: the products and attention by rows for any family, the fused layer ops where llama_like drives
+    the model (a Llama), not elsewhere (a GPT-2)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
     from specdec_cli.models import gguf_linear, progress
 
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    llama = LlamaForCausalLM(LlamaConfig(**small, attn_implementation="sdpa"))
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
+    assert [k.name for k in gguf_linear.step_kernels(llama)] == ["qmatmul", "rows_attention", "layer_ops"]
+    assert [k.name for k in gguf_linear.step_kernels(gpt2)] == ["qmatmul", "rows_attention"]
     called = []
-    for kernel in gguf_linear.STEP_KERNELS:
+    for kernel in gguf_linear.step_kernels(llama):
         monkeypatch.setattr(kernel, "module", lambda k=kernel: called.append(k.name))
-    progress.build_kernels(False, gguf_linear.STEP_KERNELS)
-    assert called == ["qmatmul", "layer_ops", "rows_attention"]
+    progress.build_kernels(False, gguf_linear.step_kernels(llama))
+    assert called == ["qmatmul", "rows_attention", "layer_ops"]

@@ -202,8 +202,13 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
 
         raise SpecdecError(f"'{spec}' is not a GGUF model: its weights have no GGUF blocks to run on")
     attach_gguf_blocks(loaded.model, path)
-    build_kernels(progress, STEP_KERNELS)
+    build_kernels(progress, step_kernels(loaded.model))
     return loaded
 
 
-STEP_KERNELS = (qmatmul.KERNEL, layer_ops.KERNEL, rows_attention.KERNEL)  # a step of a GGUF causal LM (llama_like)
+def step_kernels(model: nn.Module) -> tuple:
+    """The C++ kernels a step of `model` runs on these blocks: the products, attention by rows (decoding/exact_rows),
+    and the fused norms and rotary embedding where decoding/llama_like drives it."""
+    from specdec_cli.decoding import llama_like
+
+    return (qmatmul.KERNEL, rows_attention.KERNEL, *((layer_ops.KERNEL,) if llama_like.applies(model) else ()))

@@ -20,7 +20,7 @@ from torch import nn
 
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import gguf_blocks
-from specdec_cli.models.gguf_linear import STEP_KERNELS, GgufLinear, attach_gguf_blocks
+from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks, step_kernels
 from specdec_cli.models.loading import LoadedModel
 from specdec_cli.models.progress import build_kernels
 
@@ -49,7 +49,7 @@ def hold(loaded: LoadedModel, form: str, role: str = "target", progress: bool = 
             quantize_linears(loaded.model, QTYPES[form])
             held = form
     if held != "none":
-        build_kernels(progress, STEP_KERNELS)  # at load: no input's time holds a build
+        build_kernels(progress, step_kernels(loaded.model))  # at load: no input's time holds a build
     loaded.weights = held
     return held
 
