@@ -19,7 +19,7 @@ Measured on an H100 (benchmarks/gpu-h100, CUDA-graph replays): B = 1 21.1 µs, B
 0.55 of the measured 3 010 GB/s copy bandwidth; FlashInfer's chain sampling with its softmax 85.7 / 165.5 / 618.9.
 Eager, a step is host-bound (its device time is 21 µs at B = 1). Three launches and ten allocations cost 154 µs of
 host time a call; two launches through Triton's dispatch and five 114 µs; now a shape's workspace and its two
-compiled launches are kept (_Step, kernels/triton_launch.py): 36 µs, and the loop's step with its read of the counts
+compiled launches are kept (_Step, kernels/triton_launch.py): 36 µs against 118 in the same run, and the loop's step with its read of the counts
 89 µs at B = 1 against baseline's 997 and FlashInfer's 208 (no read) in the same run (benchmarks/gpu-h100, run E).
 
 Triton grid (the paper's grid over (batch, draft position) with the vocabulary tiled in blocks of n,
@@ -36,6 +36,7 @@ stage 1 is not needed at all.
 
 import functools
 import math
+import threading
 
 import torch
 import triton
@@ -221,7 +222,7 @@ def _accept_draw_kernel(
 ):
     """Stage 2 (grid (B, SPLITS)): each row's lse, accept/reject from gathered scalars, the first rejection n, and
     Σ of the draw's weights over one split of row n; the split that finishes last then draws (_draw). Long: its
-    30 arguments take a line each, and the stage is one launch (the per-tile math is in _tile and _weight)."""
+    33 arguments take a line each, and the stage is one launch (the per-tile math is in _tile and _weight)."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     c = tl.arange(0, GAMMA_P2)  # draft positions (γ is the bonus row)
@@ -395,7 +396,8 @@ def _last_dim_contiguous(t):
 class _Step:
     """What the steps of one shape launch with, made once (launch keeps it by its key): the workspace of the split
     statistics and the two launches. The workspace is zeroed once; its count is back at 0 after every step (the
-    drawing split resets it), and a stream runs its steps one after another, so every step on that stream reuses it."""
+    drawing split resets it), and a stream runs its steps one after another, so every step one host thread puts on
+    that stream reuses it (the key holds both: two threads could interleave one step's two launches with another's)."""
 
     def __init__(self, B: int, gamma: int, plan: tuple[int, int, int], sigmoid: bool, one_hot: bool, device, stream):
         block, S, _ = plan
@@ -444,19 +446,22 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     assert chunk % block == 0 and triton.cdiv(V, chunk) == S, "a plan covers V in SPLITS chunks of whole BLOCKs"
     inputs = (draft_tokens, draft, target_logits, uniforms)
     strides = (*draft_tokens.stride(), *draft.stride()[:2], *target_logits.stride()[:2], *uniforms.stride())
-    inv_t, alpha, beta = 1.0 / temperature, float(alpha), float(beta)  # floats: Triton types an int otherwise
+    inv_t, alpha, beta = 1.0 / float(temperature), float(alpha), float(beta)  # floats: Triton types others otherwise
     # (2) the step's workspace and launches: kept by everything Triton specializes on, and the stream
+    if not interpreted:  # Triton loads a kernel for the current device and launches on its stream
+        assert device.index == torch.cuda.current_device(), f"the logits are on {device}: make it the current device"
     stream = None if interpreted else triton_launch.current_stream(device.index)
     if stream is not None and torch.cuda.is_current_stream_capturing():
         step = _Step(B, gamma, plan, sigmoid, one_hot, device, stream)  # a graph's own, never shared with eager steps
     else:
-        key = (B, gamma, V, plan, sigmoid, one_hot, strides, device, stream,
+        key = (B, gamma, V, plan, sigmoid, one_hot, strides, device, stream, threading.get_ident(),
                *((t.dtype, t.data_ptr() % 16 == 0) for t in inputs))
         step = _STEPS.get(key)
         if step is None:
             if len(_STEPS) >= 64:
                 _STEPS.clear()
             step = _STEPS[key] = _Step(B, gamma, plan, sigmoid, one_hot, device, stream)
+    # fresh each step (the caller keeps them); the allocator's blocks are 512-byte aligned, as the launches assume
     counts = torch.empty((2, B), dtype=torch.int64, device=device)  # out: accepted counts, error bits
     out = torch.empty((B, gamma + 1), dtype=torch.int64, device=device)
     # (3) launch

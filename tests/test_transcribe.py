@@ -232,7 +232,8 @@ def test_int8_target_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
 def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_int8):
     """On a CPU, load_pair builds (or loads from the cache) the C++ kernels the steps will run, so that no
     recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
-    rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run."""
+    rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run (alone or after
+    lookup)."""
     from specdec_cli.options import TranscribeOptions
 
     built = []
@@ -243,7 +244,10 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     assert built == ["rows_attention", "int8_rows"]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
-    assert built == ["rows_attention", "int8_rows"] if target_int8 else ["rows_attention"]
+    assert built == (["rows_attention", "int8_rows"] if target_int8 else ["rows_attention"])
+    built.clear()
+    T.load_pair(opts.replace(target_int8=target_int8, draft="lookup+self"), progress=False)  # the lean draft inside
+    assert built == ["rows_attention", "int8_rows"]
 
 
 def test_a_lone_row_is_computed_as_the_first_of_two():

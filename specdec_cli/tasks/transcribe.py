@@ -407,7 +407,7 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
         int8.quantize_linears(target.model.model.decoder)  # the encoder stays: see models/int8.py
         target.model.proj_out = int8.Int8Linear(target.model.proj_out)
     if target.device.type == "cpu":  # the C++ kernels its steps run, built now: no recording's time holds a build
-        lean = getattr(draft, "lean", None)  # a lean self draft's decoder (drafts/lean_whisper.py)
+        lean = getattr(drafts.model_draft(draft), "lean", None)  # a lean self draft's decoder (lookup+self's too)
         int8_rows_run = opts.target_int8 or getattr(lean, "weights", None) == "int8"
         build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if int8_rows_run else ())))
     return target, draft
