@@ -451,16 +451,16 @@ def launch(draft_tokens, draft, target_logits, uniforms, temperature, *, sigmoid
     if not interpreted:  # Triton loads a kernel for the current device and launches on its stream
         assert device.index == torch.cuda.current_device(), f"the logits are on {device}: make it the current device"
     stream = None if interpreted else triton_launch.current_stream(device.index)
-    if stream is not None and torch.cuda.is_current_stream_capturing():
-        step = _Step(B, gamma, plan, sigmoid, one_hot, device, stream)  # a graph's own, never shared with eager steps
-    else:
-        key = (B, gamma, V, plan, sigmoid, one_hot, strides, device, stream, threading.get_ident(),
-               *((t.dtype, t.data_ptr() % 16 == 0) for t in inputs))
-        step = _STEPS.get(key)
-        if step is None:
+    capturing = stream is not None and torch.cuda.is_current_stream_capturing()
+    key = None if capturing else (B, gamma, V, plan, sigmoid, one_hot, strides, device, stream, threading.get_ident(),
+                                  *((t.dtype, t.data_ptr() % 16 == 0) for t in inputs))
+    step = _STEPS.get(key) if key is not None else None
+    if step is None:  # new, or a graph's own (never shared with eager steps)
+        step = _Step(B, gamma, plan, sigmoid, one_hot, device, stream)
+        if key is not None:
             if len(_STEPS) >= 64:
                 _STEPS.clear()
-            step = _STEPS[key] = _Step(B, gamma, plan, sigmoid, one_hot, device, stream)
+            _STEPS[key] = step
     # fresh each step (the caller keeps them); the allocator's blocks are 512-byte aligned, as the launches assume
     counts = torch.empty((2, B), dtype=torch.int64, device=device)  # out: accepted counts, error bits
     out = torch.empty((B, gamma + 1), dtype=torch.int64, device=device)

@@ -117,18 +117,25 @@ def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
 
 
 def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
-    """A GGUF model's load builds (or loads from the cache) the C++ kernels its steps run, so that no input's time
-    holds a build: the products and attention by rows for any family, the fused layer ops where llama_like drives
-    the model (a Llama), not elsewhere (a GPT-2)."""
+    """A model's load on a CPU builds (or loads from the cache) the C++ kernels its steps run, so that no input's
+    time holds a build: the products on blocks; attention by rows where exact_rows changes the model (bf16, or an
+    output layer on blocks); the fused layer ops where llama_like then drives it (a Llama, not a GPT-2)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+    from specdec_cli.decoding import llama_like
     from specdec_cli.models import gguf_linear, progress
+
+    def names(kernels):
+        return [k.name for k in kernels]
 
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     llama = LlamaForCausalLM(LlamaConfig(**small, attn_implementation="sdpa"))
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
-    assert [k.name for k in gguf_linear.step_kernels(llama)] == ["qmatmul", "rows_attention", "layer_ops"]
-    assert [k.name for k in gguf_linear.step_kernels(gpt2)] == ["qmatmul", "rows_attention"]
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, attn_implementation="sdpa"))
+    assert names(llama_like.cpu_kernels(llama)) == []  # fp32: rows compute alike as they are
+    llama.lm_head.rows_alike = True  # as a GgufLinear's: attention still by rows
+    assert names(gguf_linear.step_kernels(llama)) == ["qmatmul", "rows_attention", "layer_ops"]
+    assert names(llama_like.cpu_kernels(llama.to(torch.bfloat16))) == ["rows_attention", "layer_ops"]
+    assert names(llama_like.cpu_kernels(gpt2.to(torch.bfloat16))) == ["rows_attention"]
     called = []
     for kernel in gguf_linear.step_kernels(llama):
         monkeypatch.setattr(kernel, "module", lambda k=kernel: called.append(k.name))

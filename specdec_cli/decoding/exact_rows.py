@@ -189,18 +189,24 @@ def _rows_copy(module: nn.Module, config, old_config) -> nn.Module:
     return clone
 
 
+def by_rows(model: nn.Module) -> bool:
+    """Whether exact_rows changes `model`: its output layer needs_rows or is on blocks (whose rows compute alike
+    already; attention still needs them), it runs sdpa attention, and layers_path finds its decoder layers."""
+    head = model.get_output_embeddings()  # type: ignore[operator]  # a transformers PreTrainedModel's
+    return (head is not None and (getattr(head, "rows_alike", False) or needs_rows(head.weight))
+            and layers_path(model) is not None and internals.attention_implementation(model.config) == "sdpa")
+
+
 def exact_rows(model: nn.Module) -> nn.Module:
     """A causal LM whose steps and passes compute each row alike (the module docstring), sharing `model`'s
-    weights; `model` itself when nothing needs it (its output layer neither needs_rows nor on blocks), it does not
-    run sdpa attention, or its family keeps its decoder layers where layers_path does not look.
+    weights; `model` itself where by_rows says nothing needs it.
     Limitation: a mixture-of-experts layer computes each expert's rows together, so a step (one row) and a pass
     may round otherwise there (experts are not linear layers); greedy output may then differ from a step's."""
-    head = model.get_output_embeddings()  # type: ignore[operator]  # a transformers PreTrainedModel's
-    path = layers_path(model)
-    on_blocks = getattr(head, "rows_alike", False)  # its rows compute alike already; attention still needs them
-    if (head is None or not (on_blocks or needs_rows(head.weight)) or path is None
-            or internals.attention_implementation(model.config) != "sdpa"):
+    if not by_rows(model):
         return model
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    path = layers_path(model)
+    assert path is not None  # by_rows found it
     config = internals.config_with_attention(model.config, "specdec_fp32_by_rows", fp32_by_rows)
     clone = parent = internals.shallow_copy(model)
     for name in path[:-1]:  # shallow copies on the way to the layers: the original keeps its own

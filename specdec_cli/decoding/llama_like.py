@@ -30,7 +30,7 @@ import torch
 
 from specdec_cli import internals
 from specdec_cli.decoding.adapters import Decoder
-from specdec_cli.decoding.exact_rows import ROWS, exact_rows, fp32_by_rows, needs_rows
+from specdec_cli.decoding.exact_rows import ROWS, by_rows, exact_rows, fp32_by_rows, needs_rows
 from specdec_cli.kernels import layer_ops, rows_attention
 
 # config.model_type of the families whose decoder layer is the one above (no sliding window, no extra norms)
@@ -53,6 +53,14 @@ def applies(model) -> bool:
     return all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")) and \
         all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) and \
         all(hasattr(norm, "variance_epsilon") for norm in (layer.input_layernorm, base.norm))
+
+
+def cpu_kernels(model) -> tuple:
+    """The C++ kernels decoder_for(model)'s steps run on a CPU, besides its linear layers': attention by rows where
+    exact_rows changes the model, and the fused norms and rotary embedding where LlamaLike then drives it."""
+    if not by_rows(model):
+        return ()
+    return (rows_attention.KERNEL, *((layer_ops.KERNEL,) if applies(model) else ()))
 
 
 def decoder_for(model) -> Decoder:

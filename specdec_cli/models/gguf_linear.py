@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from specdec_cli import internals, options
-from specdec_cli.kernels import gguf_blocks, layer_ops, qmatmul, rows_attention
+from specdec_cli.kernels import gguf_blocks, qmatmul
 from specdec_cli.models.progress import build_kernels
 
 # A call over more tokens than a verification pass scores (γ + 1 ≤ this) is a prompt's prefill: every mode prefills
@@ -207,8 +207,8 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
 
 
 def step_kernels(model: nn.Module) -> tuple:
-    """The C++ kernels a step of `model` runs on these blocks: the products, attention by rows (decoding/exact_rows),
-    and the fused norms and rotary embedding where decoding/llama_like drives it."""
+    """The C++ kernels a step of `model` runs on these blocks: the products, then llama_like.cpu_kernels (attention
+    by rows, and the fused norms and rotary embedding where decoding/llama_like drives the model)."""
     from specdec_cli.decoding import llama_like
 
-    return (qmatmul.KERNEL, rows_attention.KERNEL, *((layer_ops.KERNEL,) if llama_like.applies(model) else ()))
+    return (qmatmul.KERNEL, *llama_like.cpu_kernels(model))

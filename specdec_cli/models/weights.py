@@ -48,8 +48,10 @@ def hold(loaded: LoadedModel, form: str, role: str = "target", progress: bool = 
                                    f"{loaded.name} is a GGUF: its own blocks run with --target-quant gguf (the default)")
             quantize_linears(loaded.model, QTYPES[form])
             held = form
-    if held != "none":
-        build_kernels(progress, step_kernels(loaded.model))  # at load: no input's time holds a build
+    if on_cpu:  # at load: no input's time holds a build
+        from specdec_cli.decoding import llama_like
+
+        build_kernels(progress, step_kernels(loaded.model) if held != "none" else llama_like.cpu_kernels(loaded.model))
     loaded.weights = held
     return held
 
