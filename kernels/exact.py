@@ -19,8 +19,9 @@ Measured on an H100 (benchmarks/gpu-h100, CUDA-graph replays): B = 1 21.1 µs, B
 0.55 of the measured 3 010 GB/s copy bandwidth; FlashInfer's chain sampling with its softmax 85.7 / 165.5 / 618.9.
 Eager, a step is host-bound (its device time is 21 µs at B = 1). Three launches and ten allocations cost 154 µs of
 host time a call; two launches through Triton's dispatch and five 114 µs; now a shape's workspace and its two
-compiled launches are kept (_Step, kernels/triton_launch.py): 36 µs against 118 in the same run, and the loop's step with its read of the counts
-89 µs at B = 1 against baseline's 997 and FlashInfer's 208 (no read) in the same run (benchmarks/gpu-h100, run E).
+compiled launches are kept (_Step, kernels/triton_launch.py): 36 µs against 118 in the same run, and the loop's
+step with its read of the counts 89 µs at B = 1 against baseline's 997 and FlashInfer's 208 (no read) in that run
+(benchmarks/gpu-h100, run E).
 
 Triton grid (the paper's grid over (batch, draft position) with the vocabulary tiled in blocks of n,
 plus a split of each row over several programs so that B = 1 still fills the GPU):
@@ -298,8 +299,8 @@ def _draw(b, n, lse_n, x, x_n, row_z, row_q, u_ptr, max_ptr, row_bad_ptr, wsum_p
           counts_ptr, out_ptr, gamma, V, chunk, SPLITS, stride_ub, stride_uc, inv_t, alpha,
           beta, GAMMA_P2: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK: tl.constexpr, SIGMOID: tl.constexpr,
           ONE_HOT: tl.constexpr):
-    """Sequence b's drawn token, its out_tokens row, n and its error flags (counts [2, B]), from every split's sums (read through
-    L2, ".cg": other programs wrote them). x [GAMMA_P2]: the draft tokens (0 past γ); x_n: the one rejected."""
+    """Sequence b's drawn token, its out_tokens row, n and its error flags (counts [2, B]), from every split's sums
+    (read through L2, ".cg": other programs wrote them). x [GAMMA_P2]: the draft tokens (0 past γ); x_n: the one rejected."""
     # inverse CDF in two levels: the split where Σ reaches u·total, then the token inside it
     k = tl.arange(0, SPLITS_P2)
     w_split = tl.load(wsum_ptr + b * SPLITS + k, mask=k < SPLITS, other=0.0, cache_modifier=".cg")  # fp64

@@ -123,7 +123,7 @@ def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     from specdec_cli.decoding import llama_like
-    from specdec_cli.models import gguf_linear, progress
+    from specdec_cli.models import gguf_linear, progress, weights
 
     def names(kernels):
         return [k.name for k in kernels]
@@ -131,11 +131,11 @@ def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     llama = LlamaForCausalLM(LlamaConfig(**small, attn_implementation="sdpa"))
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, attn_implementation="sdpa"))
-    assert names(llama_like.cpu_kernels(llama)) == []  # fp32: rows compute alike as they are
-    llama.lm_head.rows_alike = True  # as a GgufLinear's: attention still by rows
-    assert names(gguf_linear.step_kernels(llama)) == ["qmatmul", "rows_attention", "layer_ops"]
-    assert names(llama_like.cpu_kernels(llama.to(torch.bfloat16))) == ["rows_attention", "layer_ops"]
+    assert names(gguf_linear.step_kernels(llama)) == []  # fp32, no blocks: rows compute alike as they are
+    assert names(llama_like.cpu_kernels(LlamaForCausalLM(llama.config).to(torch.bfloat16))) == ["rows_attention", "layer_ops"]
     assert names(llama_like.cpu_kernels(gpt2.to(torch.bfloat16))) == ["rows_attention"]
+    weights.quantize_linears(llama, "q8_0")  # on blocks (GgufLinear, the output layer too): attention still by rows
+    assert names(gguf_linear.step_kernels(llama)) == ["qmatmul", "rows_attention", "layer_ops"]
     called = []
     for kernel in gguf_linear.step_kernels(llama):
         monkeypatch.setattr(kernel, "module", lambda k=kernel: called.append(k.name))

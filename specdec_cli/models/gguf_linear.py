@@ -207,8 +207,10 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
 
 
 def step_kernels(model: nn.Module) -> tuple:
-    """The C++ kernels a step of `model` runs on these blocks: the products, then llama_like.cpu_kernels (attention
-    by rows, and the fused norms and rotary embedding where decoding/llama_like drives the model)."""
+    """The C++ kernels a step of `model` runs on a CPU: the products where it holds GgufLinear layers, then
+    llama_like.cpu_kernels (attention by rows, and the fused norms and rotary embedding where decoding/llama_like
+    drives the model)."""
     from specdec_cli.decoding import llama_like
 
-    return (qmatmul.KERNEL, *llama_like.cpu_kernels(model))
+    on_blocks = any(isinstance(m, GgufLinear) for m in model.modules())
+    return (*((qmatmul.KERNEL,) if on_blocks else ()), *llama_like.cpu_kernels(model))

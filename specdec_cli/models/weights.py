@@ -49,9 +49,7 @@ def hold(loaded: LoadedModel, form: str, role: str = "target", progress: bool = 
             quantize_linears(loaded.model, QTYPES[form])
             held = form
     if on_cpu:  # at load: no input's time holds a build
-        from specdec_cli.decoding import llama_like
-
-        build_kernels(progress, step_kernels(loaded.model) if held != "none" else llama_like.cpu_kernels(loaded.model))
+        build_kernels(progress, step_kernels(loaded.model))
     loaded.weights = held
     return held
 
