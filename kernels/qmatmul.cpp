@@ -47,6 +47,7 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -688,16 +689,17 @@ AVX2_FN void fused_avx2(const Call& c, int64_t n, int64_t m0, bool first, float*
   }
 }
 
-// Rows of a small call in tiles of ≤ 4, of sizes as equal as they can be
-template <int QT>
-AVX2_FN void small_avx2(const Call& c, int64_t n, float* mm) {
-  const int64_t tiles = (c.M + 3) / 4;
+// Rows of a small call in tiles of ≤ 4, of sizes as equal as they can be: fused(MR, m0, first) for each, MR an
+// std::integral_constant (`first`: the tile that writes the row's minimums)
+template <typename F>
+void small_tiles(int64_t M, const F& fused) {
+  const int64_t tiles = (M + 3) / 4;
   for (int64_t t = 0, m0 = 0; t < tiles; t++) {
-    const int64_t mt = (c.M - m0) / (tiles - t);
-    if (mt == 1) fused_avx2<QT, 1>(c, n, m0, t == 0, mm);
-    else if (mt == 2) fused_avx2<QT, 2>(c, n, m0, t == 0, mm);
-    else if (mt == 3) fused_avx2<QT, 3>(c, n, m0, t == 0, mm);
-    else fused_avx2<QT, 4>(c, n, m0, t == 0, mm);
+    const int64_t mt = (M - m0) / (tiles - t);
+    if (mt == 1) fused(std::integral_constant<int, 1>(), m0, t == 0);
+    else if (mt == 2) fused(std::integral_constant<int, 2>(), m0, t == 0);
+    else if (mt == 3) fused(std::integral_constant<int, 3>(), m0, t == 0);
+    else fused(std::integral_constant<int, 4>(), m0, t == 0);
     m0 += mt;
   }
 }
@@ -776,27 +778,15 @@ AVX2_FN void fused32_avx2(const Call& c, int64_t n, int64_t m0, bool first, floa
 }
 
 AVX2_FN void tile_avx2(const Call& c, int64_t n0, int64_t n1) {
-  if (c.f.G == 256 && c.M <= SMALL_ROWS) {
+  if (c.M <= SMALL_ROWS) {  // one weight row at a time, the call's rows in tiles of ≤ 4
     std::vector<float> mm(c.S16);  // zero past K / 32
-    for (int64_t n = n0; n < n1; n++) {
-      if (c.qtype == Q6_K) small_avx2<Q6_K>(c, n, mm.data());
-      else if (c.qtype == Q5_K) small_avx2<Q5_K>(c, n, mm.data());
-      else small_avx2<Q4_K>(c, n, mm.data());
-    }
-    return;
-  }
-  if (c.f.G == 32 && c.M <= SMALL_ROWS) {  // tiles of ≤ 4 rows, of sizes as equal as they can be
-    std::vector<float> mm(c.S16);  // zero past K / 32
-    const int64_t tiles = (c.M + 3) / 4;
     for (int64_t n = n0; n < n1; n++)
-      for (int64_t t = 0, m0 = 0; t < tiles; t++) {
-        const int64_t mt = (c.M - m0) / (tiles - t);
-        if (mt == 1) fused32_avx2<1>(c, n, m0, t == 0, mm.data());
-        else if (mt == 2) fused32_avx2<2>(c, n, m0, t == 0, mm.data());
-        else if (mt == 3) fused32_avx2<3>(c, n, m0, t == 0, mm.data());
-        else fused32_avx2<4>(c, n, m0, t == 0, mm.data());
-        m0 += mt;
-      }
+      small_tiles(c.M, [&](auto mr, int64_t m0, bool first) {
+        if (c.qtype == Q6_K) fused_avx2<Q6_K, mr()>(c, n, m0, first, mm.data());
+        else if (c.qtype == Q5_K) fused_avx2<Q5_K, mr()>(c, n, m0, first, mm.data());
+        else if (c.qtype == Q4_K) fused_avx2<Q4_K, mr()>(c, n, m0, first, mm.data());
+        else fused32_avx2<mr()>(c, n, m0, first, mm.data());
+      });
     return;
   }
   const int G = c.f.G, chunks = G / 32;
@@ -1726,6 +1716,33 @@ struct Packed {  // weight rows n0 .. n0 + 16 of a call
   Packed(int64_t K, int slot) : q(K * 16), s(K / slot * 16), mn(K / 32 * 16), rows(16 * K) {}
 };
 
+// Row n's scales and minimums in group g into p (see Packed), from its block b, its d and its 256 quants as Packed
+// holds them (q, Q6_K: q − 32): the same for AVX-512 and AVX2
+template <int QT>
+void pack_scales(const uint8_t* b, float d, const uint8_t* quants, int n, int64_t g, Packed& p) {
+  if constexpr (QT == Q6_K) {  // mn: what x + 128 adds, 128 · d · Σ sc_j · Σ (q − 32) (the integer exact)
+    const int8_t* s6 = (const int8_t*)(b + 192);
+    const int8_t* q = (const int8_t*)quants;
+    int32_t sum = 0;
+    for (int j = 0; j < 16; j++) {
+      p.s[(g * 16 + j) * 16 + n] = d * (float)s6[j];
+      int32_t t = 0;
+      for (int i = 0; i < 16; i++) t += q[16 * j + i];
+      sum += (int32_t)s6[j] * t;
+    }
+    p.mn[g * 16 + n] = 128.f * d * (float)sum;
+  } else {
+    int16_t sc[8];
+    int32_t mn[8];
+    kquant_scales(b + 4, sc, mn);
+    const float dmin = fp16_to_fp32(rd16(b + 2));
+    for (int j = 0; j < 8; j++) {
+      p.s[(g * 8 + j) * 16 + n] = d * (float)sc[SB[j]];  // slot j holds sub-block SB[j]
+      p.mn[(g * 8 + j) * 16 + n] = dmin * (float)mn[j];  // natural j
+    }
+  }
+}
+
 template <int QT>
 VNNI_FN void pack16(const Call& c, int64_t n0, Packed& p) {
   const int64_t groups = c.K / 256;
@@ -1739,26 +1756,7 @@ VNNI_FN void pack16(const Call& c, int64_t n0, Packed& p) {
         chunk8<QT>(r, k, w, sc);
         _mm512_storeu_si512(p.rows.data() + n * c.K + g * 256 + 64 * k, w);
       }
-      if constexpr (QT == Q6_K) {  // mn: what x + 128 adds, 128 · d · Σ sc_j · Σ (q − 32) (the integer exact)
-        const int8_t* s6 = (const int8_t*)(b + 192);
-        const int8_t* q = (const int8_t*)(p.rows.data() + n * c.K + g * 256);
-        int32_t sum = 0;
-        for (int j = 0; j < 16; j++) {
-          p.s[(g * 16 + j) * 16 + n] = r.d * (float)s6[j];
-          int32_t t = 0;
-          for (int i = 0; i < 16; i++) t += q[16 * j + i];
-          sum += (int32_t)s6[j] * t;
-        }
-        p.mn[g * 16 + n] = 128.f * r.d * (float)sum;
-      } else {
-        alignas(16) uint8_t sm[16];
-        _mm_store_si128((__m128i*)sm, r.sm);
-        const float dmin = _mm_cvtss_f32(_mm_movehdup_ps(r.dd));
-        for (int j = 0; j < 8; j++) {
-          p.s[(g * 8 + j) * 16 + n] = r.d * (float)sm[SB[j]];  // slot j holds sub-block SB[j]
-          p.mn[(g * 8 + j) * 16 + n] = dmin * (float)sm[8 + j];  // natural j
-        }
-      }
+      pack_scales<QT>(b, r.d, p.rows.data() + n * c.K + g * 256, n, g, p);
     }
   }
   const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -1873,30 +1871,8 @@ AVX2_FN void pack16_avx2(const Call& c, int64_t n0, Packed& p) {
       float d;
       unpack8_avx2(QT, b, u, s8, d);
       uint8_t* q = p.rows.data() + n * c.K + g * 256;
-      if constexpr (QT == Q6_K) {  // q − 32, signed; mn: what x + 128 adds, 128 · d · Σ sc_j · Σ (q − 32)
-        const int8_t* s6 = (const int8_t*)(b + 192);
-        int32_t sum = 0;
-        for (int j = 0; j < 16; j++) {
-          p.s[(g * 16 + j) * 16 + n] = d * (float)s6[j];
-          int32_t t = 0;
-          for (int i = 0; i < 16; i++) {
-            q[16 * j + i] = (uint8_t)(u[16 * j + i] - 32);
-            t += (int8_t)q[16 * j + i];
-          }
-          sum += (int32_t)s6[j] * t;
-        }
-        p.mn[g * 16 + n] = 128.f * d * (float)sum;
-      } else {
-        std::memcpy(q, u, 256);
-        int16_t sc[8];
-        int32_t mn[8];
-        kquant_scales(b + 4, sc, mn);
-        const float dmin = f16c(rd16(b + 2));
-        for (int j = 0; j < 8; j++) {
-          p.s[(g * 8 + j) * 16 + n] = d * (float)sc[SB[j]];  // slot j holds sub-block SB[j]
-          p.mn[(g * 8 + j) * 16 + n] = dmin * (float)mn[j];  // natural j
-        }
-      }
+      for (int i = 0; i < 256; i++) q[i] = QT == Q6_K ? (uint8_t)(u[i] - 32) : u[i];  // Q6_K: q − 32, signed
+      pack_scales<QT>(b, d, q, n, g, p);
     }
   }
   const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)c.K));
