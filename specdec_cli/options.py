@@ -268,7 +268,10 @@ class TranscribeOptions(DecodeOptions):
     gamma: int = 10
     gamma_schedule: str = "auto"
     max_new_tokens: int = option(224, "Never generate more than this many tokens per 30 s window.")
-    batch_size: int = option(1, "30 s windows decoded together.")
+    # 4: each step reads the weights once for four windows (2026-11-27, AMD EPYC Zen 3, 2 threads, the CLI's other
+    # defaults: a 297 s recording 20.3 → 14.6 s end to end, the 74 s one's decoding 3.4 → 1.9 s, the same text;
+    # five short clips level; benchmarks/README.md). Each file's stats stay its own (decoding.stats.rows_share).
+    batch_size: int = option(4, "30 s windows decoded together, of one file or several.")
     draft_vocab: int = option(32768, "The draft's output layer scores only the token ids below this (+ end of text, "
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
@@ -362,7 +365,8 @@ class BenchOptions:
     task: str = option("synthetic", "synthetic | summarize | transcribe")
     vocab: str = option("32000,151936", "Vocabulary sizes V, comma-separated (synthetic).")
     gamma: str = option("1,5,10", f"Draft lengths γ, comma-separated (1..{MAX_GAMMA}).")
-    batch: str = option("1,8", "Batch sizes B, comma-separated (a decoding task runs at the smallest).")
+    batch: str | None = option(None, "Batch sizes B, comma-separated (synthetic default: 1,8; a decoding task runs at "
+                               "the smallest, by default its own: summarize 1, transcribe 4).")
     modes: str = option("baseline,exact,sigmoid,hf", "Comma-separated: baseline, exact, sigmoid, and (synthetic only) "
                         "hf, transformers' own (B = 1), and flashinfer (a CUDA GPU with FlashInfer). A task always runs "
                         "autoregressive too.")

@@ -27,7 +27,7 @@ from conftest import (
     sample_one_by_one,
     torch_threads,
 )
-from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate
+from specdec_cli.decoding import Decoder, Seq2SeqDecoder, generate, rows_share
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.errors import SpecdecError
 
@@ -184,6 +184,32 @@ def test_batch_rows_finish_independently(pair):
     got = generate(target, draft, ids, mask, gamma=4, params=GREEDY, max_new_tokens=16, eos_token_ids={eos})
     assert got.tokens == expected
     assert got.finish_reasons == ["eos" if eos in r else "length" for r in b1]
+
+
+@pytest.mark.parametrize("mode", ["autoregressive", "exact"])
+def test_each_rows_own_counts_add_up_to_the_batchs(pair, mode):
+    """result.rows: each input row's tokens, calls and drafts; summed over the rows, the batch's; a row that ends
+    early took part in fewer calls. rows_share of every row is the batch's stats; the shares of a partition of the
+    rows add up to the batch's times."""
+    target, draft = pair
+    b1 = [autoregressive(target, torch.tensor([r]), n=16).tokens[0] for r in PROMPTS]
+    eos = b1[1][2]  # ends row 1 early
+    ids, mask = left_pad(PROMPTS)
+    got = generate(target, draft, ids, mask, mode=mode, gamma=4, params=GREEDY, max_new_tokens=16, eos_token_ids={eos})
+    whole, rows = got.stats, got.rows
+    assert [r.new_tokens for r in rows] == [len(t) for t in got.tokens]
+    for name in ("new_tokens", "row_calls", "draft_tokens", "accepted_tokens"):
+        assert sum(getattr(r, name) for r in rows) == getattr(whole, name), name
+    assert max(r.target_calls for r in rows) == whole.target_calls
+    assert rows[1].target_calls < whole.target_calls and rows[1].target_calls == rows[1].row_calls
+    hist = [sum(h) for h in zip(*(r.accepted_histogram + [0] * (len(whole.accepted_histogram) - len(r.accepted_histogram))
+                                   for r in rows))]
+    assert hist == whole.accepted_histogram
+    assert rows_share(got, list(range(len(PROMPTS)))).to_dict() == whole.to_dict()
+    parts = [rows_share(got, [1]), rows_share(got, [r for r in range(len(PROMPTS)) if r != 1])]
+    assert parts[0].new_tokens == len(got.tokens[1]) and parts[0].target_calls == rows[1].target_calls
+    for name in ("wall_s", "prefill_s", "draft_s", "target_s", "verify_s"):
+        assert sum(getattr(p, name) for p in parts) == pytest.approx(getattr(whole, name)), name
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 7, 13])

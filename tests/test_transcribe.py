@@ -292,7 +292,7 @@ def test_encoder_runs_once_per_window_and_is_shared_with_a_same_weights_draft(ti
     count(tiny.model, "target"), count(same.loaded.model, "same"), count(other.loaded.model, "other")
     try:
         audio = np.concatenate([load_audio(speech_wav)] * 12)  # 36 s: two windows
-        kw = dict(audios=[audio], max_new_tokens=6, no_speech_threshold=1.0, language="en")
+        kw = dict(audios=[audio], max_new_tokens=6, no_speech_threshold=1.0, language="en", batch_size=1)  # a call a window
         ar = T.transcribe(tiny, None, ["x"], mode="autoregressive", **kw)[0]
         assert calls == ["target"] * 2
         for draft, want in ((T.load_draft("self", tiny), []), (same, []), (other, ["other"] * 2)):
@@ -325,6 +325,18 @@ def test_batches_of_windows_give_the_same_text(tiny, speech_wav):
     for batch in (2, 3):
         for mode, d in (("autoregressive", None), ("exact", draft)):
             assert [t.text for t in T.transcribe(tiny, d, names, mode=mode, gamma=3, batch_size=batch, **kw)] == ar
+
+
+def test_a_batch_of_several_files_gives_each_its_own_counts(tiny, speech_wav):
+    """Windows of three files decoded together: each file's stats count its own tokens and the calls its window
+    took part in (autoregressive: one a token), as when it runs alone; the times are shares of the batch's."""
+    audios = [load_audio(speech_wav)[: int(s * SAMPLE_RATE)] for s in (3.0, 2.0, 2.5)]
+    kw = dict(audios=audios, max_new_tokens=10, no_speech_threshold=1.0, language="en", mode="autoregressive")
+    alone = T.transcribe(tiny, None, ["a", "b", "c"], **kw)
+    together = T.transcribe(tiny, None, ["a", "b", "c"], batch_size=3, **kw)
+    for one, many in zip(alone, together):
+        assert many.stats.new_tokens == one.stats.new_tokens == many.stats.target_calls
+        assert 0 < many.stats.wall_s <= many.stats.total_s  # (the batch's whole count would be 3 times theirs)
 
 
 def test_sampling_runs_and_reports(tiny, speech_wav):

@@ -169,7 +169,7 @@ class TaskConfig:
     gammas: list[int]
     modes: list[str]
     schedules: list[str] = field(default_factory=lambda: list(DEFAULT_SCHEDULES))
-    batch: int = 1
+    batch: int | None = None  # None: the task's own (--batch-size)
     device: str = "cpu"
     dtype: str = options.DecodeOptions.dtype
     repeat: int = 1
@@ -264,9 +264,10 @@ class TaskConfig:
 
     def command(self) -> str:
         args = ["specdec", "bench", "--task", self.task, "--gamma", _join(self.gammas), "--modes",
-                ",".join(self.modes), "--gamma-schedule", ",".join(self.schedules), "--batch", str(self.batch),
-                "--device", self.device, "--dtype", self.dtype, "--repeat", str(self.repeat), "--backend",
-                self.backend, "--alpha", str(self.alpha), "--beta", str(self.beta), "--seed", str(self.seed)]
+                ",".join(self.modes), "--gamma-schedule", ",".join(self.schedules),
+                "--batch", str(runners.task_options(self).batch_size), "--device", self.device,
+                "--dtype", self.dtype, "--repeat", str(self.repeat), "--backend", self.backend, "--alpha",
+                str(self.alpha), "--beta", str(self.beta), "--seed", str(self.seed)]
         if self.threads is not None:
             args += ["--threads", _join(self.threads)]
         if self.draft_vocabs is not None:
@@ -318,7 +319,7 @@ def _synthetic(o: options.BenchOptions) -> SyntheticConfig:
         raise SpecdecError("--threads: one count for --task synthetic (a task sweeps a list)")
     return SyntheticConfig(
         vocabs=parse_ints(o.vocab, "--vocab"), gammas=parse_ints(o.gamma, "--gamma"),
-        batches=parse_ints(o.batch, "--batch"), modes=parse_names(o.modes, "--modes", SYNTHETIC_MODES),
+        batches=parse_ints(o.batch or "1,8", "--batch"), modes=parse_names(o.modes, "--modes", SYNTHETIC_MODES),
         device=o.device, dtype=o.dtype or "float32", overlap=o.overlap, repeat=50 if o.repeat is None else o.repeat,
         backend=o.backend, alpha=o.alpha, beta=o.beta, seed=o.seed, threads=None if threads is None else threads[0],
     )
@@ -328,7 +329,7 @@ def _task(o: options.BenchOptions) -> TaskConfig:
     names = parse_names(o.modes, "--modes", (options.AUTOREGRESSIVE, *SYNTHETIC_MODES))
     task_options = {k: getattr(o, k) for k in runners.TASK_OPTIONS if k != "draft_vocab"}
     return TaskConfig(
-        task=o.task, gammas=parse_ints(o.gamma, "--gamma"), batch=parse_ints(o.batch, "--batch")[0],
+        task=o.task, gammas=parse_ints(o.gamma, "--gamma"), batch=None if o.batch is None else parse_ints(o.batch, "--batch")[0],
         modes=[m for m in names if m in TASK_MODES],  # autoregressive always runs; hf is synthetic only
         device=o.device, dtype=o.dtype or options.DecodeOptions.dtype, repeat=1 if o.repeat is None else o.repeat,
         backend=o.backend, alpha=o.alpha, beta=o.beta, seed=o.seed, threads=parse_threads(o.threads),

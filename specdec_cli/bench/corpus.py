@@ -61,5 +61,6 @@ def _record(config, c: Contender, recs: list[Record], refs: list[str] | None) ->
     """One contender's TaskRecord from its per-input records: stats summed (a batch's shared stats once), texts in
     input order, transcribe's stages (end to end, encoder) summed."""
     batches = list({r.stats_id: r.stats_object() for r in recs}.values())
-    stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, c.schedule or "constant", config.batch)).finish()
+    batch = runners.task_options(config).batch_size
+    stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, c.schedule or "constant", batch)).finish()
     return task_record(config.task, c, [r.text for r in recs], stats, None, refs, runners.stages(batches))

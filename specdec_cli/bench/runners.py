@@ -65,8 +65,10 @@ def task_options(config) -> options.DecodeOptions:
     cls = RUNNERS[config.task].options
     names = {f.name for f in dataclasses.fields(cls)}
     given = {k: v for k, v in config.options.items() if k in names and v is not None}
+    if config.batch is not None:
+        given["batch_size"] = config.batch
     opts = cls(**given).replace(
-        batch_size=config.batch, device=config.device, dtype=config.dtype, backend=config.backend,
+        device=config.device, dtype=config.dtype, backend=config.backend,
         alpha=config.alpha, beta=config.beta, seed=config.seed)
     return opts.replace(truncate=True) if hasattr(opts, "truncate") else opts
 
@@ -176,7 +178,8 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
                         o = o.replace(max_new_tokens=min(o.max_new_tokens, WARMUP_TOKENS))
                     results = r.decode(target, None if c.mode == "autoregressive" else draft,
                                        inputs[:1] if short else inputs, o)
-                    batches = list({id(x.stats): x.stats for x in results}.values())  # a batch's inputs share stats
+                    # summarize: a batch's inputs share one stats object; transcribe: each input its share
+                    batches = list({id(x.stats): x.stats for x in results}.values())
                     stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, o.gamma_schedule, o.batch_size))
                     return [x.text for x in results], stats.finish(), stages(batches)
 
@@ -193,7 +196,7 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
 
 
 def stages(stats: list) -> dict:
-    """{"input_wall_s": each batch's wall_s (one per input at batch 1)}, and {"end_to_end_s", "encoder_s"} summed
+    """{"input_wall_s": each batch's wall_s (summarize; transcribe: each input's share)}, and {"end_to_end_s", "encoder_s"} summed
     over a task's per-input stats where it times them (transcribe's TranscribeStats: total_s, encoder_s)."""
     out: dict = {"input_wall_s": [s.wall_s for s in stats]}
     if stats and all(hasattr(s, "total_s") for s in stats):

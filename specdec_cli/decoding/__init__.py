@@ -9,7 +9,7 @@ stats, sampling, and the verification registry.
     llama_like.py LlamaLike: a Llama-shaped causal LM (Llama, Qwen2, Mistral) on a CPU without transformers' forward
                   around its layers (same operations, same bits); decoder_for: how the loop drives a target
     schedule.py  the γ schedules: constant, heuristic, auto (γ from measured costs and acceptance)
-    stats.py     GenerationStats, GenerationResult, merge_stats
+    stats.py     GenerationStats, GenerationResult, merge_stats, rows_share
     sampling.py  temperature, top-k, top-p; inverse-CDF sampling with caller-supplied uniforms
     verify.py    the verification contract and VERIFIERS: one entry per mode, the kernels behind it
 
@@ -22,9 +22,9 @@ from specdec_cli.decoding.loop import generate
 from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.decoding.schedule import make as make_schedule
 from specdec_cli.decoding.slots import Slots
-from specdec_cli.decoding.stats import GenerationResult, GenerationStats, merge_stats
+from specdec_cli.decoding.stats import GenerationResult, GenerationStats, merge_stats, rows_share
 from specdec_cli.decoding.verify import VERIFIERS, Verifier
 
 __all__ = ["VERIFIERS", "Batch", "Decoder", "Draft", "DraftSettings", "GenerationResult", "GenerationStats",
            "LogitsHook", "ModelDraft", "Proposal", "SamplingParams", "Seq2SeqDecoder", "Slots", "Verifier",
-           "as_draft", "generate", "make_schedule", "merge_stats"]
+           "as_draft", "generate", "make_schedule", "merge_stats", "rows_share"]

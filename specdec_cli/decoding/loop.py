@@ -98,12 +98,18 @@ def verify(verifier: Verifier, proposal: Proposal, target_logits: torch.Tensor, 
 class _Rows:
     """Per-row bookkeeping on the host: outputs, budget, which input row each active row is."""
 
-    def __init__(self, batch: int, max_new_tokens: int, eos: set[int]):
+    def __init__(self, batch: int, max_new_tokens: int, eos: set[int], stats: GenerationStats):
         self.index = list(range(batch))  # active row -> input row
         self.tokens: list[list[int]] = [[] for _ in range(batch)]
         self.reasons = ["length"] * batch
         self.max_new = max_new_tokens
         self.eos = eos
+        self.stats = [GenerationStats(stats.mode, stats.gamma, stats.gamma_schedule, 1) for _ in range(batch)]
+
+    def count(self, gamma: int, accepted: list[int]) -> None:
+        """A round's calls and drafts (γ 0: a plain step), each active row's in its input row's stats."""
+        for a, n in enumerate(accepted):
+            self.stats[self.index[a]].count(gamma, [n])
 
     def remaining(self) -> list[int]:
         return [self.max_new - len(self.tokens[i]) for i in self.index]
@@ -121,6 +127,7 @@ class _Rows:
                     self.reasons[row] = "eos"
                     break
             self.tokens[row].extend(new)
+            self.stats[row].new_tokens += len(new)
             count += len(new)
             if self.reasons[row] != "eos" and len(self.tokens[row]) < self.max_new:
                 going.append(a)
@@ -194,7 +201,7 @@ def generate(
     with torch.inference_mode():
         slots = Slots(input_ids, attention_mask, target.device)
         stats = GenerationStats(mode, gamma if draft is not None else 0, schedule.name, slots.rows)
-        rows = _Rows(slots.rows, max_new_tokens, eos)
+        rows = _Rows(slots.rows, max_new_tokens, eos, stats)
         if max_new_tokens > 0:
             vocab = vocab_size or (draft.vocab if draft is not None else None) or target.vocab_size
             settings = DraftSettings(params, params.generator(target.device), vocab,
@@ -202,7 +209,7 @@ def generate(
                                      stop_below=draft_stop_below)
             _decode(_Run(target, draft, verifier, settings, alpha, beta, backend), slots, rows, schedule, stats,
                     on_prefill)
-    return GenerationResult(rows.tokens, rows.reasons, stats.finish())
+    return GenerationResult(rows.tokens, rows.reasons, stats.finish(), rows.stats)
 
 
 def _sliding(target: Decoder, draft: Draft) -> bool:
@@ -220,7 +227,7 @@ def _row_by_row(target, draft, input_ids, attention_mask, schedule, **kwargs) ->
     stats = GenerationStats(first.mode, first.gamma, first.gamma_schedule, input_ids.shape[0])
     merge_stats([r.stats for r in results], stats)
     return GenerationResult([t for r in results for t in r.tokens], [f for r in results for f in r.finish_reasons],
-                            stats.finish())
+                            stats.finish(), [s for r in results for s in r.rows])
 
 
 def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationStats, on_prefill) -> None:
@@ -238,6 +245,7 @@ def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationSta
         start = slots.pending
         out, r = _speculate(run, slots, g) if g > 0 else _decode_one_token(run, slots)
         stats.record(r, run.draft is not None)
+        rows.count(r.gamma if run.draft is not None else 0, r.accepted)
         schedule.observe(r)
         going = _commit(run, slots, rows, out, r.accepted, start, stats)
         if not going:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
@@ -38,26 +38,29 @@ class GenerationStats:
     rounds_per_gamma: list[int] = field(default_factory=list)  # [γ]: rounds run at that γ (0: plain steps)
 
     def record(self, r, speculative: bool) -> None:
-        """One finished round (a decoding.schedule.Round)."""
-        B = len(r.accepted)
+        """One finished round (a decoding.schedule.Round) of the whole batch."""
         self.target_s += r.target_s
+        if speculative:
+            self.gamma_history.append(r.gamma)
+            if r.gamma > 0:
+                self.draft_s += r.draft_s
+                self.verify_s += r.verify_s
+                self.backend = r.backend
+        self.count(r.gamma if speculative else 0, r.accepted)
+
+    def count(self, gamma: int, accepted: list[int]) -> None:
+        """A round's calls and its rows' drafts (γ 0: a plain step), accepted[b] draft tokens kept by row b."""
         self.target_calls += 1
-        self.row_calls += B
-        if not speculative:
+        self.row_calls += len(accepted)
+        if gamma == 0:
             return
-        self.gamma_history.append(r.gamma)
-        if r.gamma == 0:
-            return
-        self.draft_s += r.draft_s
-        self.verify_s += r.verify_s
-        self.draft_calls += r.gamma
+        self.draft_calls += gamma
         self.verify_calls += 1
-        self.draft_tokens += r.gamma * B
-        self.accepted_tokens += sum(r.accepted)
-        self.backend = r.backend
+        self.draft_tokens += gamma * len(accepted)
+        self.accepted_tokens += sum(accepted)
         hist = self.accepted_histogram
-        hist.extend([0] * (r.gamma + 1 - len(hist)))
-        for n in r.accepted:
+        hist.extend([0] * (gamma + 1 - len(hist)))
+        for n in accepted:
             hist[n] += 1
 
     def finish(self) -> GenerationStats:
@@ -85,6 +88,38 @@ class GenerationResult:
     tokens: list[list[int]]  # new tokens of each input row, in input order (EOS included)
     finish_reasons: list[str]  # "eos" | "length"
     stats: GenerationStats
+    rows: list[GenerationStats] = field(default_factory=list)  # each input row's own counts (no times)
+
+
+_ROW_COUNTS = ("new_tokens", "row_calls", "draft_tokens", "accepted_tokens")  # summed over the rows
+_ROUND_COUNTS = ("target_calls", "draft_calls", "verify_calls")  # the rounds of the longest row (a row's rounds are
+# the batch's first ones)
+_TIMES = ("wall_s", "prefill_s", "draft_s", "target_s", "verify_s")
+
+
+def rows_share(result: GenerationResult, rows: list[int]) -> GenerationStats:
+    """The stats of some rows of a batch (a file's windows among others'): their tokens, drafts and acceptance, the
+    calls of the rounds they took part in, and the batch's times times their share of its rows' rounds (row_calls),
+    so the shares of a batch's inputs add up to its times. All rows: the batch's stats."""
+    whole = result.stats
+    share = replace(whole, gamma_history=list(whole.gamma_history), accepted_histogram=list(whole.accepted_histogram))
+    if sorted(rows) == list(range(len(result.tokens))):
+        return share.finish()
+    own = [result.rows[r] for r in rows]
+    for name in _ROW_COUNTS:
+        setattr(share, name, sum(getattr(o, name) for o in own))
+    for name in _ROUND_COUNTS:
+        setattr(share, name, max((getattr(o, name) for o in own), default=0))
+    weight = share.row_calls / whole.row_calls if whole.row_calls else len(rows) / max(1, len(result.tokens))
+    for name in _TIMES:
+        setattr(share, name, getattr(whole, name) * weight)
+    share.accepted_histogram = []
+    for o in own:
+        hist = share.accepted_histogram
+        hist.extend([0] * (len(o.accepted_histogram) - len(hist)))
+        for i, n in enumerate(o.accepted_histogram):
+            hist[i] += n
+    return share.finish()
 
 
 _SUMMED = ("new_tokens", "target_calls", "row_calls", "draft_calls", "draft_tokens", "accepted_tokens",

@@ -57,6 +57,7 @@ from specdec_cli.decoding import (
     generate,
     make_schedule,
     merge_stats,
+    rows_share,
 )
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import int8_rows, rows_attention
@@ -239,28 +240,35 @@ def transcribe(
 
 def decode_windows(setup: _Setup, todo: list[_Window]) -> Iterator[list[_Window]]:
     """Decode `todo` (windows with speech) --batch-size at a time; yield each batch once its windows hold their
-    text, segments and finish reason. Each batch's times go to the stats of the inputs it holds windows of."""
+    text, segments and finish reason. Each input's stats get its own windows' tokens, calls and acceptance, and of
+    each batch it had windows in a share of the times: of the stages by its windows, of the decoding loop by its
+    rows' rounds (decoding.stats.rows_share), so the inputs' times add up to the batches'."""
     size = setup.opts.batch_size
     with torch.inference_mode():
         for start in range(0, len(todo), size):
             batch = todo[start : start + size]
-            times, result = _decode_batch(setup, batch)
+            times, result, decoded = _decode_batch(setup, batch)
+            loop_s = result.stats.wall_s if result is not None else 0.0
             for i in {id(w.input): w.input for w in batch}.values():
                 s = i.stats
-                s.features_s += times["features"]
-                s.encoder_s += times["encoder"]
-                s.cross_kv_s += times["cross_kv"]
-                s.probe_s += times["probe"]
-                s.total_s += times["total"]
-                if result is not None:
-                    merge_stats([result.stats], s)
+                part = sum(w.input is i for w in batch) / len(batch)  # its share of the batch's windows
+                for name in ("features", "encoder", "cross_kv", "probe"):
+                    setattr(s, f"{name}_s", getattr(s, f"{name}_s") + times[name] * part)
+                s.total_s += (times["total"] - loop_s) * part
+                mine = [k for k, w in enumerate(decoded) if w.input is i]  # its rows of the loop's result
+                if result is not None and mine:
+                    own = rows_share(result, mine)
+                    merge_stats([own], s)
+                    s.total_s += own.wall_s
                 s.finish_reasons.extend(w.finish for w in batch if w.input is i)
             yield batch
 
 
-def _decode_batch(setup: _Setup, batch: list[_Window]) -> tuple[dict[str, float], GenerationResult | None]:
+def _decode_batch(setup: _Setup, batch: list[_Window]
+                  ) -> tuple[dict[str, float], GenerationResult | None, list[_Window]]:
     """One batch of windows: encoder, cross-attention K/V and probe once, then the decoding loop over the rows
-    with speech. -> (seconds per stage, the loop's result: None when every window was silence)."""
+    with speech. -> (seconds per stage, the loop's result: None when every window was silence, the windows of its
+    rows)."""
     target, device = setup.target, setup.target.device
     t0 = _clock(device)
     feats = features(target, [w.window.audio for w in batch])
@@ -272,16 +280,16 @@ def _decode_batch(setup: _Setup, batch: list[_Window]) -> tuple[dict[str, float]
     no_speech, lang_logits = probe(target, encoded, kv, setup.ids)
     t4 = _clock(device)
     keep = _speech_rows(setup, batch, no_speech, lang_logits)
-    result, draft_s = None, 0.0
+    result, draft_s, decoded = None, 0.0, [batch[r] for r in keep]
     if keep:
         rows = torch.tensor(keep, device=device)
         window = EncodedWindows([batch[r].window.audio for r in keep], encoded.index_select(0, rows),
                                 [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in kv],
                                 setup.opts.timestamps)
-        result, draft_s = _generate(setup, [batch[r] for r in keep], window)
+        result, draft_s = _generate(setup, decoded, window)
     t5 = _clock(device)
     return {"features": t1 - t0, "encoder": t2 - t1 + draft_s, "cross_kv": t3 - t2, "probe": t4 - t3,
-            "total": t5 - t0}, result
+            "total": t5 - t0}, result, decoded
 
 
 def _speech_rows(setup: _Setup, batch: list[_Window], no_speech: torch.Tensor,
