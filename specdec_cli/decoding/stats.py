@@ -115,11 +115,14 @@ def rows_share(result: GenerationResult, rows: list[int]) -> GenerationStats:
         setattr(share, name, getattr(whole, name) * weight)
     share.accepted_histogram = []
     for o in own:
-        hist = share.accepted_histogram
-        hist.extend([0] * (len(o.accepted_histogram) - len(hist)))
-        for i, n in enumerate(o.accepted_histogram):
-            hist[i] += n
+        _add_histogram(share.accepted_histogram, o.accepted_histogram)
     return share.finish()
+
+
+def _add_histogram(into: list[int], other: list[int]) -> None:
+    into.extend([0] * (len(other) - len(into)))
+    for i, n in enumerate(other):
+        into[i] += n
 
 
 _SUMMED = ("new_tokens", "target_calls", "row_calls", "draft_calls", "draft_tokens", "accepted_tokens",
@@ -134,10 +137,7 @@ def merge_stats(parts: Iterable[GenerationStats], into: GenerationStats) -> Gene
         into.backend = s.backend or into.backend
         into.gamma_history.extend(s.gamma_history)
         into.schedule = s.schedule or into.schedule  # a schedule spanning the calls: its latest estimates
-        h = into.accepted_histogram
-        h.extend([0] * (len(s.accepted_histogram) - len(h)))
-        for i, n in enumerate(s.accepted_histogram):
-            h[i] += n
+        _add_histogram(into.accepted_histogram, s.accepted_histogram)
     return into
 
 
