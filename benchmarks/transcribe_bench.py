@@ -142,7 +142,8 @@ class Timers:
 def run_one(timers: Timers, target, draft, audio, gamma, mode, stop) -> dict:
     timers.decoder_cpu = 0.0
     timers.memo_on = mode != "autoregressive"
-    out = T.transcribe(target, draft, ["x"], audios=[audio], mode=mode, gamma=gamma, draft_stop=stop)[0]
+    out = T.transcribe(target, draft, ["x"], audios=[audio], mode=mode, gamma=gamma, draft_stop=stop,
+                       batch_size=1)[0]  # a window at a time, as this script always measured
     s = out.stats
     return {"text": out.text, "decoder_s": s.decoder_s, "decoder_cpu_s": timers.decoder_cpu,
             "encoder_s": s.features_s + s.encoder_s + s.cross_kv_s + s.probe_s, "new_tokens": s.new_tokens,

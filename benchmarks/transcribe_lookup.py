@@ -13,7 +13,7 @@ from specdec_cli.options import TranscribeOptions
 from specdec_cli.tasks import transcribe as T
 
 wav = sys.argv[1]
-opts = TranscribeOptions()
+opts = TranscribeOptions(batch_size=1)  # a window at a time, as this script always measured
 target, self_draft = T.load_pair(opts, progress=False)
 drafts = {"self": self_draft, "lookup": T.load_draft("lookup", target), "lookup+self": T.load_draft("lookup+self", target)}
 T.transcribe(target, None, [wav], opts, mode="autoregressive")  # warm-up

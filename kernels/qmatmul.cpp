@@ -47,11 +47,11 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
-#include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)

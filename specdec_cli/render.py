@@ -159,7 +159,7 @@ STAT_FIELDS = (
 
 
 def result_json(result, device: str) -> dict:
-    """DESIGN.md's JSON object for one input; stats are those of the batch the input ran in."""
+    """DESIGN.md's JSON object for one input; its stats are its share of its batch's (decoding.stats.rows_share)."""
     stats = result.stats.to_dict()
     return {
         "input": result.input,
@@ -205,7 +205,8 @@ def transcripts(items, opts, *, as_json: bool, device: str, to_files: bool) -> N
 
 
 def stats_table(results, *, device: str, title: str) -> None:
-    """One row per distinct batch of stats (one per input at --batch-size 1), inputs named by file name."""
+    """One row per input (its share of its batch's stats: decoding.stats.rows_share), named by its file name; inputs
+    that share one stats object (a caller's) share a row."""
     rows, seen = [], set()
     for r in results:
         s = r.stats
@@ -213,7 +214,7 @@ def stats_table(results, *, device: str, title: str) -> None:
             continue
         seen.add(id(s))
         names = ", ".join(Path(x.input).name for x in results if x.stats is s)
-        rows.append((names, str(s.new_tokens), str(s.target_calls), _opt(s.acceptance_rate, ".3f"),
+        rows.append((names, str(s.new_tokens), f"{s.target_calls:.4g}", _opt(s.acceptance_rate, ".3f"),
                      _opt(s.mean_accepted_per_call, ".2f"), f"{s.tokens_per_s:.2f}", f"{s.wall_s:.2f}",
                      _opt(s.verify_ms_per_call, ".3f")))
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
@@ -230,7 +231,9 @@ def stats_table(results, *, device: str, title: str) -> None:
         for t in {id(r.stats): r.stats for r in results}.values():
             for g, n in enumerate(t.rounds_per_gamma):
                 rounds[g] += n
-        err.print("rounds at each γ: " + ", ".join(f"γ{g} {n}" for g, n in enumerate(rounds) if n)
+        shared = s.batch_size > 1 and len(results) > 1  # a round of a batch counts once for each input in it
+        err.print("rounds at each γ" + (", each input's summed" if shared else "") + ": "
+                  + ", ".join(f"γ{g} {n}" for g, n in enumerate(rounds) if n)
                   + (" (γ0: plain steps)" if rounds and rounds[0] else ""), highlight=False)
     est = s.schedule
     if est and est.get("c"):  # the auto schedule's cost model, as last measured

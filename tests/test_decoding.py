@@ -188,9 +188,9 @@ def test_batch_rows_finish_independently(pair):
 
 @pytest.mark.parametrize("mode", ["autoregressive", "exact"])
 def test_each_rows_own_counts_add_up_to_the_batchs(pair, mode):
-    """result.rows: each input row's tokens, calls and drafts; summed over the rows, the batch's; a row that ends
+    """result.rows: each input row's tokens, calls, drafts and γ; summed over the rows, the batch's; a row that ends
     early took part in fewer calls. rows_share of every row is the batch's stats; the shares of a partition of the
-    rows add up to the batch's times."""
+    rows add up to the batch's calls and times."""
     target, draft = pair
     b1 = [autoregressive(target, torch.tensor([r]), n=16).tokens[0] for r in PROMPTS]
     eos = b1[1][2]  # ends row 1 early
@@ -205,11 +205,15 @@ def test_each_rows_own_counts_add_up_to_the_batchs(pair, mode):
     hist = [sum(h) for h in zip(*(r.accepted_histogram + [0] * (len(whole.accepted_histogram) - len(r.accepted_histogram))
                                    for r in rows))]
     assert hist == whole.accepted_histogram
+    if mode != "autoregressive":  # each row's γ: the batch's first rounds
+        assert all(r.gamma_history == whole.gamma_history[: r.target_calls] for r in rows)
     assert rows_share(got, list(range(len(PROMPTS)))).to_dict() == whole.to_dict()
     parts = [rows_share(got, [1]), rows_share(got, [r for r in range(len(PROMPTS)) if r != 1])]
-    assert parts[0].new_tokens == len(got.tokens[1]) and parts[0].target_calls == rows[1].target_calls
-    for name in ("wall_s", "prefill_s", "draft_s", "target_s", "verify_s"):
+    assert parts[0].new_tokens == len(got.tokens[1]) and parts[0].gamma_history == rows[1].gamma_history
+    for name in ("target_calls", "draft_calls", "verify_calls", "wall_s", "prefill_s", "draft_s", "target_s", "verify_s"):
         assert sum(getattr(p, name) for p in parts) == pytest.approx(getattr(whole, name)), name
+    if whole.verify_calls:  # a cost per call stays the batch's
+        assert parts[0].verify_ms_per_call == pytest.approx(whole.verify_ms_per_call)
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 7, 13])

@@ -309,7 +309,7 @@ def test_encoder_runs_once_per_window_and_is_shared_with_a_same_weights_draft(ti
 def test_greedy_lookup_drafts_equal_autoregressive(tiny, speech_wav, spec):
     audios = [load_audio(speech_wav)[: int(s * SAMPLE_RATE)] for s in (3.0, 2.0)]
     kw = dict(audios=audios, max_new_tokens=16, no_speech_threshold=1.0, language="en")
-    ar = [t.text for t in T.transcribe(tiny, None, ["a", "b"], mode="autoregressive", **kw)]
+    ar = [t.text for t in T.transcribe(tiny, None, ["a", "b"], mode="autoregressive", batch_size=1, **kw)]
     draft = T.load_draft(spec, tiny, draft_vocab=150)
     for batch in (1, 2):
         got = T.transcribe(tiny, draft, ["a", "b"], mode="exact", gamma=3, batch_size=batch, **kw)
@@ -320,7 +320,7 @@ def test_batches_of_windows_give_the_same_text(tiny, speech_wav):
     audios = [load_audio(speech_wav)[: int(s * SAMPLE_RATE)] for s in (3.0, 2.0, 2.5)]
     kw = dict(audios=audios, max_new_tokens=10, no_speech_threshold=1.0, language="en")
     names = ["a", "b", "c"]
-    ar = [t.text for t in T.transcribe(tiny, None, names, mode="autoregressive", **kw)]
+    ar = [t.text for t in T.transcribe(tiny, None, names, mode="autoregressive", batch_size=1, **kw)]
     draft = T.load_draft("self", tiny, draft_vocab=150)
     for batch in (2, 3):
         for mode, d in (("autoregressive", None), ("exact", draft)):
@@ -328,15 +328,17 @@ def test_batches_of_windows_give_the_same_text(tiny, speech_wav):
 
 
 def test_a_batch_of_several_files_gives_each_its_own_counts(tiny, speech_wav):
-    """Windows of three files decoded together: each file's stats count its own tokens and the calls its window
-    took part in (autoregressive: one a token), as when it runs alone; the times are shares of the batch's."""
+    """Windows of three files decoded together: each file's stats count its own tokens and its window's rounds
+    (autoregressive: one a token), as when it runs alone; the calls and times are shares of the batch's (the
+    shares add up to the batch's calls: as many as its longest window's tokens)."""
     audios = [load_audio(speech_wav)[: int(s * SAMPLE_RATE)] for s in (3.0, 2.0, 2.5)]
     kw = dict(audios=audios, max_new_tokens=10, no_speech_threshold=1.0, language="en", mode="autoregressive")
-    alone = T.transcribe(tiny, None, ["a", "b", "c"], **kw)
+    alone = T.transcribe(tiny, None, ["a", "b", "c"], batch_size=1, **kw)
     together = T.transcribe(tiny, None, ["a", "b", "c"], batch_size=3, **kw)
     for one, many in zip(alone, together):
-        assert many.stats.new_tokens == one.stats.new_tokens == many.stats.target_calls
+        assert many.stats.new_tokens == one.stats.new_tokens == many.stats.row_calls == one.stats.target_calls
         assert 0 < many.stats.wall_s <= many.stats.total_s  # (the batch's whole count would be 3 times theirs)
+    assert sum(t.stats.target_calls for t in together) == pytest.approx(max(t.stats.new_tokens for t in together))
 
 
 def test_sampling_runs_and_reports(tiny, speech_wav):

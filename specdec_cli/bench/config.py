@@ -319,7 +319,7 @@ def _synthetic(o: options.BenchOptions) -> SyntheticConfig:
         raise SpecdecError("--threads: one count for --task synthetic (a task sweeps a list)")
     return SyntheticConfig(
         vocabs=parse_ints(o.vocab, "--vocab"), gammas=parse_ints(o.gamma, "--gamma"),
-        batches=parse_ints(o.batch or "1,8", "--batch"), modes=parse_names(o.modes, "--modes", SYNTHETIC_MODES),
+        batches=parse_ints("1,8" if o.batch is None else o.batch, "--batch"), modes=parse_names(o.modes, "--modes", SYNTHETIC_MODES),
         device=o.device, dtype=o.dtype or "float32", overlap=o.overlap, repeat=50 if o.repeat is None else o.repeat,
         backend=o.backend, alpha=o.alpha, beta=o.beta, seed=o.seed, threads=None if threads is None else threads[0],
     )

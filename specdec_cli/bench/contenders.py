@@ -52,7 +52,7 @@ class TaskRecord:
     verify_s: float | None = None  # the verification calls' seconds summed over every input (the paper's profiling time)
     verify_share: float | None = None  # verify_s over the decoding loops' wall_s
     prefill_s: float | None = None  # the prompts' prefill (a peer's: its time to the first token), within wall_s
-    input_wall_s: list[float] = field(default_factory=list)  # each input's share of wall_s, in input order (batch 1)
+    input_wall_s: list[float] = field(default_factory=list)  # each input's share of wall_s, in input order
     # derived by aggregate()
     speedup: float | None = None  # tokens/s over autoregressive tokens/s, measured
     alpha: float | None = None  # Leviathan's α, from mean_accepted_per_call

@@ -178,8 +178,7 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
                         o = o.replace(max_new_tokens=min(o.max_new_tokens, WARMUP_TOKENS))
                     results = r.decode(target, None if c.mode == "autoregressive" else draft,
                                        inputs[:1] if short else inputs, o)
-                    # summarize: a batch's inputs share one stats object; transcribe: each input its share
-                    batches = list({id(x.stats): x.stats for x in results}.values())
+                    batches = list({id(x.stats): x.stats for x in results}.values())  # each input its share
                     stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, o.gamma_schedule, o.batch_size))
                     return [x.text for x in results], stats.finish(), stages(batches)
 
@@ -196,7 +195,7 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
 
 
 def stages(stats: list) -> dict:
-    """{"input_wall_s": each batch's wall_s (summarize; transcribe: each input's share)}, and {"end_to_end_s", "encoder_s"} summed
+    """{"input_wall_s": each input's share of its batch's wall_s (all of it at batch 1)}, and {"end_to_end_s", "encoder_s"} summed
     over a task's per-input stats where it times them (transcribe's TranscribeStats: total_s, encoder_s)."""
     out: dict = {"input_wall_s": [s.wall_s for s in stats]}
     if stats and all(hasattr(s, "total_s") for s in stats):

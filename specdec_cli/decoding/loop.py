@@ -106,10 +106,13 @@ class _Rows:
         self.eos = eos
         self.stats = [GenerationStats(stats.mode, stats.gamma, stats.gamma_schedule, 1) for _ in range(batch)]
 
-    def count(self, gamma: int, accepted: list[int]) -> None:
-        """A round's calls and drafts (γ 0: a plain step), each active row's in its input row's stats."""
+    def count(self, gamma: int, accepted: list[int], speculative: bool) -> None:
+        """A round's calls, drafts and γ (0: a plain step), each active row's in its input row's stats."""
         for a, n in enumerate(accepted):
-            self.stats[self.index[a]].count(gamma, [n])
+            s = self.stats[self.index[a]]
+            s.count(gamma, [n])
+            if speculative:
+                s.gamma_history.append(gamma)
 
     def remaining(self) -> list[int]:
         return [self.max_new - len(self.tokens[i]) for i in self.index]
@@ -245,7 +248,7 @@ def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationSta
         start = slots.pending
         out, r = _speculate(run, slots, g) if g > 0 else _decode_one_token(run, slots)
         stats.record(r, run.draft is not None)
-        rows.count(r.gamma if run.draft is not None else 0, r.accepted)
+        rows.count(r.gamma if run.draft is not None else 0, r.accepted, run.draft is not None)
         schedule.observe(r)
         going = _commit(run, slots, rows, out, r.accepted, start, stats)
         if not going:

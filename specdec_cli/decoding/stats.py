@@ -14,12 +14,12 @@ class GenerationStats:
     batch_size: int
     backend: str | None = None  # which verification backend ran ("torch", "triton", ...)
     new_tokens: int = 0  # emitted tokens, all rows (EOS included)
-    target_calls: int = 0  # target forward passes after the prefill
+    target_calls: float = 0  # target forward passes after the prefill (a share of a batch's: rows_share)
     row_calls: int = 0  # Σ over target calls of the rows in that batch
-    draft_calls: int = 0  # draft forward passes after the prefill
+    draft_calls: float = 0  # draft forward passes after the prefill (as target_calls)
     draft_tokens: int = 0  # Σ over rows of the draft tokens proposed
     accepted_tokens: int = 0  # Σ over rows of the draft tokens accepted
-    verify_calls: int = 0
+    verify_calls: float = 0  # (as target_calls)
     wall_s: float = 0.0
     prefill_s: float = 0.0
     draft_s: float = 0.0  # draft forwards + draft sampling
@@ -35,7 +35,7 @@ class GenerationStats:
     tokens_per_s: float = 0.0
     verify_ms_per_call: float | None = None
     overhead_s: float = 0.0  # wall − prefill − draft − target − verify: the loop's own cost
-    rounds_per_gamma: list[int] = field(default_factory=list)  # [γ]: rounds run at that γ (0: plain steps)
+    rounds_per_gamma: list[float] = field(default_factory=list)  # [γ]: rounds run at that γ (0: plain steps)
 
     def record(self, r, speculative: bool) -> None:
         """One finished round (a decoding.schedule.Round) of the whole batch."""
@@ -88,19 +88,18 @@ class GenerationResult:
     tokens: list[list[int]]  # new tokens of each input row, in input order (EOS included)
     finish_reasons: list[str]  # "eos" | "length"
     stats: GenerationStats
-    rows: list[GenerationStats] = field(default_factory=list)  # each input row's own counts (no times)
+    rows: list[GenerationStats] = field(default_factory=list)  # each input row's own counts and γ (no times)
 
 
 _ROW_COUNTS = ("new_tokens", "row_calls", "draft_tokens", "accepted_tokens")  # summed over the rows
-_ROUND_COUNTS = ("target_calls", "draft_calls", "verify_calls")  # the rounds of the longest row (a row's rounds are
-# the batch's first ones)
-_TIMES = ("wall_s", "prefill_s", "draft_s", "target_s", "verify_s")
+_BATCH_COSTS = ("target_calls", "draft_calls", "verify_calls", "wall_s", "prefill_s", "draft_s", "target_s", "verify_s")
 
 
 def rows_share(result: GenerationResult, rows: list[int]) -> GenerationStats:
-    """The stats of some rows of a batch (a file's windows among others'): their tokens, drafts and acceptance, the
-    calls of the rounds they took part in, and the batch's times times their share of its rows' rounds (row_calls),
-    so the shares of a batch's inputs add up to its times. All rows: the batch's stats."""
+    """The stats of some rows of a batch (a file's windows among others'): their own tokens, drafts, acceptance and
+    the γ of the rounds they took part in; of the batch's calls and times, their share of its rows' rounds
+    (row_calls): the shares of a batch's inputs add up to its costs, and a cost per call stays the batch's. All
+    rows: the batch's stats."""
     whole = result.stats
     share = replace(whole, gamma_history=list(whole.gamma_history), accepted_histogram=list(whole.accepted_histogram))
     if sorted(rows) == list(range(len(result.tokens))):
@@ -108,11 +107,10 @@ def rows_share(result: GenerationResult, rows: list[int]) -> GenerationStats:
     own = [result.rows[r] for r in rows]
     for name in _ROW_COUNTS:
         setattr(share, name, sum(getattr(o, name) for o in own))
-    for name in _ROUND_COUNTS:
-        setattr(share, name, max((getattr(o, name) for o in own), default=0))
     weight = share.row_calls / whole.row_calls if whole.row_calls else len(rows) / max(1, len(result.tokens))
-    for name in _TIMES:
+    for name in _BATCH_COSTS:
         setattr(share, name, getattr(whole, name) * weight)
+    share.gamma_history = max(([*o.gamma_history] for o in own), key=len, default=[])
     share.accepted_histogram = []
     for o in own:
         _add_histogram(share.accepted_histogram, o.accepted_histogram)

@@ -121,7 +121,8 @@ def records(ray, task: str, options: DecodeOptions, inputs: list[str], pool: Poo
     from ray.data import ActorPoolStrategy
 
     _quiet(ray)
-    batch = options.batch_size  # a Ray batch is a decoding batch: --batch-size inputs decoded together
+    # a Ray batch is a decoding batch (--batch-size inputs decoded together), no larger than gives every actor work
+    batch = max(1, min(options.batch_size, math.ceil(len(inputs) / pool.actors)))
     env = {k: os.environ[k] for k in ("SPECDEC_CACHE", "SPECDEC_DEBUG") if k in os.environ}
     ds = ray.data.from_items([{"input": p} for p in inputs], override_num_blocks=max(1, math.ceil(len(inputs) / batch)))
     ds = ds.map_batches(
@@ -221,7 +222,7 @@ class CorpusSummary:
 
     def per_actor(self) -> list[dict]:
         """Per actor, then "all": inputs decoded and failed, new tokens, draft tokens and those accepted, the decoding
-        loops' seconds (inputs decoded in one batch share their stats: counted once)."""
+        loops' seconds (each input's share of its batch's; a stats object shared by inputs counted once)."""
 
         def totals(name: str, recs: list[Record]) -> dict:
             row = dict(worker=name, inputs=0, failed=0, new_tokens=0, draft_tokens=0, accepted_tokens=0, wall_s=0.0)

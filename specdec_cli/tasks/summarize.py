@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from specdec_cli import drafts
-from specdec_cli.decoding import Batch, Draft, GenerationStats, SamplingParams, generate, make_schedule
+from specdec_cli.decoding import Batch, Draft, GenerationStats, SamplingParams, generate, make_schedule, rows_share
 from specdec_cli.errors import SpecdecError, warn
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
@@ -33,7 +33,7 @@ class Summary:
     input: str
     text: str
     finish_reason: str  # "eos" | "length"
-    stats: GenerationStats  # the stats of the batch this article ran in
+    stats: GenerationStats  # its own share of its batch's (decoding.stats.rows_share); at batch 1 the run's
     weights: dict = field(default_factory=dict)  # how the models' weights were held (weights_of)
 
 
@@ -158,8 +158,8 @@ def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
             max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
             backend=opts.backend, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
         )
-        for article, tokens, reason in zip(articles[chunk], result.tokens, result.finish_reasons):
-            out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, result.stats, weights))
+        for k, (article, tokens, reason) in enumerate(zip(articles[chunk], result.tokens, result.finish_reasons)):
+            out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, rows_share(result, [k]), weights))
         if on_batch:
             on_batch(min(start + opts.batch_size, len(articles)), len(articles))
     return out

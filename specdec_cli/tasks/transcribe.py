@@ -82,7 +82,8 @@ from specdec_cli.tasks.whisper_rules import Suppressor
 
 @dataclass
 class TranscribeStats(GenerationStats):
-    """GenerationStats summed over an input's windows (wall_s: the decoding loops), plus the rest."""
+    """GenerationStats summed over an input's windows (wall_s: the decoding loops), plus the rest; in a batch with
+    other inputs' windows, the times and calls are its share (decode_windows)."""
 
     language: str | None = None
     task: str = "transcribe"
