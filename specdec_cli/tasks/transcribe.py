@@ -241,9 +241,9 @@ def transcribe(
 
 def decode_windows(setup: _Setup, todo: list[_Window]) -> Iterator[list[_Window]]:
     """Decode `todo` (windows with speech) --batch-size at a time; yield each batch once its windows hold their
-    text, segments and finish reason. Each input's stats get its own windows' tokens, calls and acceptance, and of
-    each batch it had windows in a share of the times: of the stages by its windows, of the decoding loop by its
-    rows' rounds (decoding.stats.rows_share), so the inputs' times add up to the batches'."""
+    text, segments and finish reason. Each input's stats get its own windows' tokens, drafts and acceptance, and of
+    each batch it had windows in a share of the costs: of the stages' times by its windows, of the decoding loop's
+    calls and times by its rows' rounds (decoding.stats.rows_share), so the inputs add up to the batches'."""
     size = setup.opts.batch_size
     with torch.inference_mode():
         for start in range(0, len(todo), size):
