@@ -8,7 +8,9 @@
 //               mask[b, h, r, j] shown (bool: true; float: added to s_j, −inf hides)
 //   s_j         16 lane sums over d with d mod 16 = l, each a chain of fma(q_d, k_jd, ·) in d order, then
 //               tree16 (a_l + a_l+8, then + 4, + 2, + 1); times scale; + mask
-//   softmax     m = max s_j;  e_j = exp(s_j − m) (exp_poly, below);  l = tree16 of 16 lane sums of e_j, j mod 16
+//   softmax     m = max s_j;  e_j = exp(s_j − m) (exp_poly, below);  l = tree16 of 16 lane sums of e_j, a shown
+//               key's lane its rank among the shown keys mod 16 (so hidden slots, a batch's left padding or the
+//               holes of its rejected draft tokens, leave l as the row without them has it)
 //   out_d       Σ e_j · v_jd as a chain of fma in j order over the keys with e_j ≠ 0, then / l; 0 where no key is
 //               shown
 //
@@ -176,8 +178,27 @@ void dots(const float* qf, const TK* k, int64_t kstride, int64_t end, int64_t D,
   }
 }
 
-// s[j] = s[j] · scale + mask (−inf where hidden), then exp(s[j] − max) in place; -> l = Σ e_j (0: nothing shown)
-float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s) {
+// e_j = exp(x_j − m) in place for j < n; -> l = tree16 of the 16 lane sums, e_j in lane j mod 16
+float exp_terms(float* x, int64_t n, float m) {
+  alignas(64) float lanes[16] = {0.f};
+  int64_t J = 0;
+#if SIMD16
+  J = n / 16 * 16;
+  V sum = vset(0.f);
+  for (int64_t j = 0; j < J; j += 16) {
+    const V e = vexp(vsub(vload(x + j), vset(m)));
+    vstore(x + j, e);
+    sum = vadd(sum, e);
+  }
+  vstore(lanes, sum);
+#endif
+  for (int64_t j = J; j < n; j++) x[j] = exp_poly(x[j] - m), lanes[j % 16] += x[j];
+  return tree16(lanes);
+}
+
+// s[j] = s[j] · scale + mask (−inf where hidden), then exp(s[j] − max) in place (0 where hidden); -> l = Σ e_j
+// (0: nothing shown). shown: room for `end` floats, the shown keys' terms side by side
+float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s, float* shown) {
   const float ninf = -std::numeric_limits<float>::infinity();
   if (a.mask && a.mask_bool)
     for (int64_t j = 0; j < end; j++) s[j] = ((const bool*)a.mask)[mrow + j * a.ms[3]] ? s[j] * a.scale + 0.f : ninf;
@@ -212,18 +233,14 @@ float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s) {
     for (int64_t j = 0; j < end; j++) s[j] = 0.f;
     return 0.f;
   }
-  alignas(64) float lanes[16] = {0.f};
-#if SIMD16
-  V sum = vset(0.f);
-  for (int64_t j = 0; j < J; j += 16) {
-    const V e = vexp(vsub(vload(s + j), vset(m)));
-    vstore(s + j, e);
-    sum = vadd(sum, e);
-  }
-  vstore(lanes, sum);
-#endif
-  for (int64_t j = J; j < end; j++) s[j] = exp_poly(s[j] - m), lanes[j % 16] += s[j];
-  return tree16(lanes);
+  if (!a.mask) return exp_terms(s, end, m);  // every key shown: its rank is j
+  int64_t n = 0;  // the shown keys side by side, their terms, then back in their slots
+  for (int64_t j = 0; j < end; j++)
+    if (s[j] != ninf) shown[n++] = s[j];
+  const float l = exp_terms(shown, n, m);
+  n = 0;
+  for (int64_t j = 0; j < end; j++) s[j] = s[j] != ninf ? shown[n++] : 0.f;
+  return l;
 }
 
 #if SIMD16 && defined(__AVX512F__)
@@ -281,10 +298,10 @@ template <typename TK>
 
 // One thread's buffers for a group of M members (query rows) over S keys, kept from group to group
 struct Scratch {
-  std::vector<float> s, qf, o, kb, l;
+  std::vector<float> s, qf, o, kb, l, shown;
   std::vector<int64_t> end;
   void fit(int64_t M, int64_t S, int64_t D) {
-    s.resize(M * S), qf.resize(M * D), o.resize(M * D), kb.resize(16 * D), l.resize(M), end.resize(M);
+    s.resize(M * S), qf.resize(M * D), o.resize(M * D), kb.resize(16 * D), l.resize(M), end.resize(M), shown.resize(S);
   }
 };
 
@@ -378,7 +395,7 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
   for (int64_t m = 0; m < M; m++) {  // the keys left (all of them without SIMD), then each member's softmax terms
     dots<TK>(qf + m * D, k + j0 * a.ks[2], a.ks[2], jend - j0, D, s + m * S + j0);
     const int64_t h = h0 + m / nr, r = r0 + m % nr;
-    l[m] = softmax_terms(a, b * a.ms[0] + h * a.ms[1] + r * a.ms[2], end[m], s + m * S);
+    l[m] = softmax_terms(a, b * a.ms[0] + h * a.ms[1] + r * a.ms[2], end[m], s + m * S, w.shown.data());
     for (int64_t j = end[m]; j < jend; j++) s[m * S + j] = 0.f;  // keys past its end: not seen
   }
   bool done = false;

@@ -119,6 +119,23 @@ def test_bf16_keys_give_their_fp32_copys_bits(build):
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
+def test_hidden_slots_leave_a_rows_bits(build):
+    """A row whose cache holds hidden slots (a batch's left padding, the holes its rejected draft tokens leave) gets
+    the bits of the same row over the shown keys alone, no mask: a batch's speculative row is its autoregressive
+    step. (Summing the softmax's terms in lanes by slot index, not by rank among the shown keys, moved the bits.)"""
+    attend = BUILDS[build]()
+    q, k, v, _ = case(1, 8, 8, 64, 3, 70, torch.float32, torch.bfloat16, None, seed=6)
+    shown = torch.ones(70, dtype=torch.bool)
+    shown[:5] = False  # left padding
+    shown[[20, 21, 22, 37, 50, 51]] = False  # holes
+    mask = shown.expand(1, 1, 3, 70)
+    for causal in (False, True):
+        with_holes = attend(q, k, v, mask, 0.125, causal)
+        alone = attend(q, k[:, :, shown], v[:, :, shown], None, 0.125, causal)
+        assert torch.equal(with_holes, alone), causal
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
 def test_hidden_slots_never_reach_a_row(build):
     """A padded slot's V (NaN here) is skipped, not multiplied by 0; a row that sees no key gives 0."""
     attend = BUILDS[build]()
