@@ -234,12 +234,14 @@ float softmax_terms(const Args& a, int64_t mrow, int64_t end, float* s, float* s
     return 0.f;
   }
   if (!a.mask) return exp_terms(s, end, m);  // every key shown: its rank is j
-  int64_t n = 0;  // the shown keys side by side, their terms, then back in their slots
-  for (int64_t j = 0; j < end; j++)
-    if (s[j] != ninf) shown[n++] = s[j];
+  int64_t n = 0;  // the shown keys side by side (no branch: a hidden one is overwritten), their terms, then back
+  for (int64_t j = 0; j < end; j++) shown[n] = s[j], n += s[j] != ninf;
   const float l = exp_terms(shown, n, m);
   n = 0;
-  for (int64_t j = 0; j < end; j++) s[j] = s[j] != ninf ? shown[n++] : 0.f;
+  for (int64_t j = 0; j < end; j++) {
+    const bool on = s[j] != ninf;
+    s[j] = on ? shown[n] : 0.f, n += on;
+  }
   return l;
 }
 
