@@ -3,8 +3,9 @@
 The recording: the five LibriVox clips of pocketsphinx-testdata joined REPEATS times (12: 297 s, ~5 minutes;
 tasks.transcribe.joined_librivox) and its reference. Contenders (greedy, English, no timestamps):
 
-    specdec default             `specdec transcribe` with the CLI's defaults (exact, the self draft, batch 1)
-    specdec --batch-size 4      the same, four 30 s windows decoded together
+    specdec default             `specdec transcribe` with the CLI's defaults (exact, the self draft, four 30 s windows
+                                decoded together)
+    specdec --batch-size 1      the same, one window at a time (the default before 2026-11-27)
     specdec autoregressive b4   the target alone, batch 4
     specdec --target-int8 b4    the int8 target (decoder and output layer: models/int8.py) with its self draft, batch 4
     specdec --target-int8 autoregressive b4   the int8 target alone, batch 4
@@ -50,7 +51,7 @@ def specdec_contenders(audio) -> dict:
                                    opts, audios=[audio], **overrides)[0].text
         return run
 
-    return {"specdec default": specdec(), "specdec --batch-size 4": specdec(batch_size=4),
+    return {"specdec default": specdec(), "specdec --batch-size 1": specdec(batch_size=1),
             "specdec autoregressive b4": specdec(mode="autoregressive", batch_size=4),
             "specdec --target-int8 b4": specdec(int8=True, batch_size=4),
             "specdec --target-int8 autoregressive b4": specdec(int8=True, mode="autoregressive", batch_size=4)}

@@ -268,10 +268,10 @@ class TranscribeOptions(DecodeOptions):
     gamma: int = 10
     gamma_schedule: str = "auto"
     max_new_tokens: int = option(224, "Never generate more than this many tokens per 30 s window.")
-    # 4 would read the weights once for four windows (2026-11-27, AMD EPYC Zen 3, 2 threads: a 297 s recording
-    # 20.3 → 14.6 s end to end, the same text), but --mode baseline with --timestamps then differs from
-    # autoregressive on Whisper base (tests/test_timestamps.py::test_base_timestamps_speculative_...): 1 until fixed.
-    batch_size: int = option(1, "30 s windows decoded together, of one file or several.")
+    # 4: each step reads the weights once for four windows (2026-11-27, AMD EPYC Zen 3, 2 threads, the CLI's other
+    # defaults: a 297 s recording 20.3 → 14.6 s end to end, the 74 s one's decoding 3.4 → 1.9 s, the same text;
+    # five short clips level; benchmarks/README.md). Each file's stats stay its own (decoding.stats.rows_share).
+    batch_size: int = option(4, "30 s windows decoded together, of one file or several.")
     draft_vocab: int = option(32768, "The draft's output layer scores only the token ids below this (+ end of text, "
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
