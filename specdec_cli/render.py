@@ -205,16 +205,11 @@ def transcripts(items, opts, *, as_json: bool, device: str, to_files: bool) -> N
 
 
 def stats_table(results, *, device: str, title: str) -> None:
-    """One row per input (its share of its batch's stats: decoding.stats.rows_share), named by its file name; inputs
-    that share one stats object (a caller's) share a row."""
-    rows, seen = [], set()
+    """One row per input (its share of its batch's stats: decoding.stats.rows_share), named by its file name."""
+    rows = []
     for r in results:
         s = r.stats
-        if id(s) in seen:
-            continue
-        seen.add(id(s))
-        names = ", ".join(Path(x.input).name for x in results if x.stats is s)
-        rows.append((names, str(s.new_tokens), f"{s.target_calls:.4g}", _opt(s.acceptance_rate, ".3f"),
+        rows.append((Path(r.input).name, str(s.new_tokens), f"{s.target_calls:.4g}", _opt(s.acceptance_rate, ".3f"),
                      _opt(s.mean_accepted_per_call, ".2f"), f"{s.tokens_per_s:.2f}", f"{s.wall_s:.2f}",
                      _opt(s.verify_ms_per_call, ".3f")))
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
@@ -227,9 +222,9 @@ def stats_table(results, *, device: str, title: str) -> None:
     s = results[0].stats
     err.print(f"mode {s.mode}, backend {s.backend or 'torch'}, device {device}, γ {s.gamma} ({s.gamma_schedule})", highlight=False)
     if s.mode != "autoregressive":
-        rounds = [0] * max(len(t.rounds_per_gamma) for t in {id(r.stats): r.stats for r in results}.values())
-        for t in {id(r.stats): r.stats for r in results}.values():
-            for g, n in enumerate(t.rounds_per_gamma):
+        rounds = [0] * max(len(r.stats.rounds_per_gamma) for r in results)
+        for r in results:
+            for g, n in enumerate(r.stats.rounds_per_gamma):
                 rounds[g] += n
         shared = s.batch_size > 1 and len(results) > 1  # a round of a batch counts once for each input in it
         err.print("rounds at each γ" + (", each input's summed" if shared else "") + ": "

@@ -222,15 +222,13 @@ class CorpusSummary:
 
     def per_actor(self) -> list[dict]:
         """Per actor, then "all": inputs decoded and failed, new tokens, draft tokens and those accepted, the decoding
-        loops' seconds (each input's share of its batch's; a stats object shared by inputs counted once)."""
+        loops' seconds (each input's share of its batch's)."""
 
         def totals(name: str, recs: list[Record]) -> dict:
             row = dict(worker=name, inputs=0, failed=0, new_tokens=0, draft_tokens=0, accepted_tokens=0, wall_s=0.0)
-            seen = set()
             for r in recs:
                 row["inputs" if r.ok else "failed"] += 1
-                if r.ok and r.stats_id not in seen:
-                    seen.add(r.stats_id)
+                if r.ok:
                     for k in ("new_tokens", "draft_tokens", "accepted_tokens", "wall_s"):
                         row[k] += (r.stats or {}).get(k) or 0
             return row

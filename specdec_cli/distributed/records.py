@@ -28,7 +28,6 @@ class Record:
     failure: str = ""  # "" | one of FAILURES
     finish_reason: str = ""
     stats: dict | None = None  # the task's stats (GenerationStats.to_dict(); TranscribeStats for transcribe)
-    stats_id: str = ""  # inputs that share one stats object share its id (count it once); each input's own now
     segments: list = field(default_factory=list)  # transcribe: [start s, end s, text]
     language: str | None = None  # transcribe
     warnings: list[str] = field(default_factory=list)  # what the task warned while reading or decoding this input

@@ -164,9 +164,7 @@ class Stage:
                 return [r for it in items for r in self._decode([it], contender)]
             failure, line = _one_line(e)
             return [self._failed(items[0][0], failure, line, items[0][2], contender)]
-        ids: dict[int, int] = {}
-        return [self._record(r, opts, contender, warned + caught, f"{self.worker}:{self.calls}:"
-                             f"{ids.setdefault(id(r.stats), len(ids))}") for r, (_, _, warned) in zip(results, items)]
+        return [self._record(r, opts, contender, warned + caught) for r, (_, _, warned) in zip(results, items)]
 
     def _contender(self, opts, contender: Contender | None) -> dict:
         if contender is None:
@@ -178,9 +176,9 @@ class Stage:
         return Record(path, self.task, error=line, failure=failure, warnings=list(warned), worker=self.worker,
                       device=self.device, **self._contender(self.options, contender))
 
-    def _record(self, result, opts, contender, warned: list[str], stats_id: str) -> Record:
+    def _record(self, result, opts, contender, warned: list[str]) -> Record:
         return Record(result.input, self.task, text=result.text, finish_reason=result.finish_reason,
-                      stats=result.stats.to_dict(), stats_id=stats_id,
+                      stats=result.stats.to_dict(),
                       segments=[list(s) for s in getattr(result, "segments", [])],
                       language=getattr(result.stats, "language", None), warnings=list(warned), worker=self.worker,
                       device=self.device, **self._contender(opts, contender))
