@@ -1,6 +1,7 @@
 """Attention of a pass's few query rows over a KV cache, each row computed alone, on a CPU (rows_attention.cpp; its
-top states the arithmetic): a pass's row gets the bits of a one-token step at its position, as decoding/exact_rows
-needs, in one call for every row and head instead of a torch call per row.
+top states the arithmetic): a pass's row gets the bits of a one-token step at its position, and slots its mask hides
+(a batch's padding, the holes of rejected draft tokens) change none of them, as decoding/exact_rows needs, in one
+call for every row and head instead of a torch call per row.
 
     attend     q [B, H, T, D], k, v [B, KVH, S, D] (any strides but the last; fp32 or bf16), mask [B, 1|H, 1|T, S]
                bool or float, or None -> [B, T, H, D] in q's dtype; None where the kernel did not build

@@ -12,7 +12,10 @@ Norms, rotary embeddings and activations compute a row alone. So:
     sdpa_by_rows     a pass of up to ROWS queries, one query at a time over the keys a step would see
     fp32_by_rows     the same with each one-query call in fp32 (a causal LM's steps and passes alike)
     kernel_rows      on a CPU, every row of a call in one kernels/rows_attention call, fp32, each row as alone:
-                     fp32_by_rows, kernel_or_step and kernel_or_sdpa_by_rows (Whisper's) run it where it runs
+                     fp32_by_rows, kernel_or_step and kernel_or_sdpa_by_rows (Whisper's) run it where it runs;
+                     slots a row's mask hides (a batch's left padding, the holes its rejected draft tokens leave)
+                     change none of its bits there. Where it does not run (CUDA, no compiler), torch's sdpa sums
+                     over the hidden slots' places: rows of a batch with holes may then round otherwise than steps
     exact_rows       a shallow copy of a causal LM (weights, buffers shared): in its decoder layers (wherever its
                      family keeps them: adapters.layers_path) every linear layer a RowLinear and every attention
                      fp32_by_rows; its output layer a RowLinear. A layer that says its rows compute alike already
