@@ -212,10 +212,12 @@ def stats_table(results, *, device: str, title: str) -> None:
         rows.append((Path(r.input).name, str(s.new_tokens), f"{s.target_calls:.4g}", _opt(s.acceptance_rate, ".3f"),
                      _opt(s.mean_accepted_per_call, ".2f"), f"{s.tokens_per_s:.2f}", f"{s.wall_s:.2f}",
                      _opt(s.verify_ms_per_call, ".3f")))
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
-    t.add_column("input", no_wrap=True, min_width=min(36, max(len(row[0]) for row in rows)))  # never cut a name short
-    for name in ("new\ntokens", "target\ncalls", "accept\nrate", "accepted\nper call", "tok/s", "wall s", "verify\nms/call"):
-        t.add_column(name, justify="right", no_wrap=True)
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=0)  # the box's one space between
+    t.add_column("input", overflow="fold")  # a long name folds onto a second line; a figure is never cut
+    for i, name in enumerate(("new\ntokens", "target\ncalls", "accept\nrate", "accepted\nper call", "tok/s", "wall s",
+                              "verify\nms/call"), 1):
+        width = max(max(map(len, name.split("\n"))), max(len(row[i]) for row in rows))
+        t.add_column(name, justify="right", no_wrap=True, min_width=width)
     for row in rows:
         t.add_row(*row)
     err.print(t)

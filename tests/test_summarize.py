@@ -254,7 +254,8 @@ def test_draft_with_another_vocabulary_is_refused(model_dir, article, tmp_path):
 
 
 def test_stats_table_names_each_input_by_its_file_name(model_dir, tmp_path):
-    """On an 80-column terminal, long paths are not cut to 'exampl…': the table shows file names in full."""
+    """On an 80-column terminal, long paths are not cut to 'exampl…': the table shows file names in full, and
+    every figure in full (a name too long for the line folds onto a second one)."""
     deep = tmp_path / "a" / "rather" / "deep" / "folder" / "of" / "articles"
     deep.mkdir(parents=True)
     names = ["earnings_report_final.txt", "second_article.txt"]
@@ -265,6 +266,7 @@ def test_stats_table_names_each_input_by_its_file_name(model_dir, tmp_path):
     assert r.exit_code == 0, r.output
     table = [line for line in r.stderr.splitlines() if line.startswith(tuple(names))]
     assert [line.split()[0] for line in table] == names, r.stderr
+    assert "…" not in r.stderr, r.stderr
 
 
 # ----------------------------------------------------------------------------------------------------
