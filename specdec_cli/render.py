@@ -224,10 +224,11 @@ def stats_table(results, *, device: str, title: str) -> None:
     s = results[0].stats
     err.print(f"mode {s.mode}, backend {s.backend or 'torch'}, device {device}, γ {s.gamma} ({s.gamma_schedule})", highlight=False)
     if s.mode != "autoregressive":
-        rounds = [0] * max(len(r.stats.rounds_per_gamma) for r in results)
+        from specdec_cli.decoding.stats import add_counts
+
+        rounds: list = []
         for r in results:
-            for g, n in enumerate(r.stats.rounds_per_gamma):
-                rounds[g] += n
+            add_counts(rounds, r.stats.rounds_per_gamma)
         shared = s.batch_size > 1 and len(results) > 1  # a round of a batch counts once for each input in it
         err.print("rounds at each γ" + (", each input's summed" if shared else "") + ": "
                   + ", ".join(f"γ{g} {n}" for g, n in enumerate(rounds) if n)

@@ -60,7 +60,7 @@ def run_task(config, progress: Progress) -> list[TaskRecord]:
 def _record(config, c: Contender, recs: list[Record], refs: list[str] | None) -> TaskRecord:
     """One contender's TaskRecord from its per-input records: stats summed (each input's share of its batch's), texts in
     input order, transcribe's stages (end to end, encoder) summed."""
-    batches = [r.stats_object() for r in recs]
+    per_input = [r.stats_object() for r in recs]
     batch = runners.task_options(config).batch_size
-    stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, c.schedule or "constant", batch)).finish()
-    return task_record(config.task, c, [r.text for r in recs], stats, None, refs, runners.stages(batches))
+    stats = merge_stats(per_input, GenerationStats(c.mode, c.gamma, c.schedule or "constant", batch)).finish()
+    return task_record(config.task, c, [r.text for r in recs], stats, None, refs, runners.stages(per_input))

@@ -178,9 +178,9 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
                         o = o.replace(max_new_tokens=min(o.max_new_tokens, WARMUP_TOKENS))
                     results = r.decode(target, None if c.mode == "autoregressive" else draft,
                                        inputs[:1] if short else inputs, o)
-                    batches = [x.stats for x in results]  # each input its share of its batch's
-                    stats = merge_stats(batches, GenerationStats(c.mode, c.gamma, o.gamma_schedule, o.batch_size))
-                    return [x.text for x in results], stats.finish(), stages(batches)
+                    per_input = [x.stats for x in results]  # each input its share of its batch's
+                    stats = merge_stats(per_input, GenerationStats(c.mode, c.gamma, o.gamma_schedule, o.batch_size))
+                    return [x.text for x in results], stats.finish(), stages(per_input)
 
                 first = setting.target != previous
                 previous = setting.target

@@ -113,11 +113,12 @@ def rows_share(result: GenerationResult, rows: list[int]) -> GenerationStats:
     share.gamma_history = max(([*o.gamma_history] for o in own), key=len, default=[])
     share.accepted_histogram = []
     for o in own:
-        _add_histogram(share.accepted_histogram, o.accepted_histogram)
+        add_counts(share.accepted_histogram, o.accepted_histogram)
     return share.finish()
 
 
-def _add_histogram(into: list[int], other: list[int]) -> None:
+def add_counts(into: list, other: list) -> None:
+    """into[i] += other[i] for every i of `other`, `into` grown with zeros to its length (histograms, rounds per γ)."""
     into.extend([0] * (len(other) - len(into)))
     for i, n in enumerate(other):
         into[i] += n
@@ -135,7 +136,7 @@ def merge_stats(parts: Iterable[GenerationStats], into: GenerationStats) -> Gene
         into.backend = s.backend or into.backend
         into.gamma_history.extend(s.gamma_history)
         into.schedule = s.schedule or into.schedule  # a schedule spanning the calls: its latest estimates
-        _add_histogram(into.accepted_histogram, s.accepted_histogram)
+        add_counts(into.accepted_histogram, s.accepted_histogram)
     return into
 
 
