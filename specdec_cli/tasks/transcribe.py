@@ -60,7 +60,7 @@ from specdec_cli.decoding import (
     rows_share,
 )
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import int8_rows, rows_attention
+from specdec_cli.kernels import float_rows, int8_rows, rows_attention
 from specdec_cli.models import LoadedModel, int8
 from specdec_cli.models.progress import build_kernels
 from specdec_cli.models.whisper import (
@@ -418,7 +418,9 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
     if target.device.type == "cpu":  # the C++ kernels its steps run, built now: no recording's time holds a build
         lean = getattr(drafts.model_draft(draft), "lean", None)  # a lean self draft's decoder (lookup+self's too)
         int8_rows_run = opts.target_int8 or getattr(lean, "weights", None) == "int8"
-        build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if int8_rows_run else ())))
+        float_run = target.dtype == torch.float32 and not opts.target_int8  # its decoder's linears: float_rows
+        build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if int8_rows_run else ()),
+                                 *((float_rows.KERNEL,) if float_run else ())))
     return target, draft
 
 
