@@ -7,11 +7,11 @@ Where they would differ on a CPU in bf16/fp16 (measured on an AMD EPYC, torch 2.
   - torch's scaled_dot_product_attention gives a row of a many-query call other bits than a one-query call.
 Norms, rotary embeddings and activations compute a row alone. So:
 
-    KernelLinear     on a CPU, a linear layer's steps and passes through kernels/float_rows: each row computed alone,
-                     in fp32 and bf16, the weights read once a call (1.6–4.5× torch's product for 1–44 rows of
-                     Whisper base's shapes, 2 threads of an AMD EPYC Zen 3)
-    RowLinear        elsewhere (CUDA, no compiler), a lone row is computed as the first of two (the weights are read
-                     once: it costs what one does)
+    KernelLinear     on a CPU, an fp32 linear layer's steps and passes through kernels/float_rows: each row computed
+                     alone, the weights read once a call (1.6–4.5× torch's product for 1–44 rows of Whisper base's
+                     shapes, 2 threads of an AMD EPYC Zen 3)
+    RowLinear        elsewhere (bf16 weights, CUDA, no compiler), a lone row is computed as the first of two (the
+                     weights are read once: it costs what one does)
     step_attention   transformers' sdpa, the mask of one query dropped where transformers drops it
     sdpa_by_rows     a pass of up to ROWS queries, one query at a time over the keys a step would see
     fp32_by_rows     the same with each one-query call in fp32 (a causal LM's steps and passes alike)
@@ -21,8 +21,8 @@ Norms, rotary embeddings and activations compute a row alone. So:
                      change none of its bits there. Where it does not run (CUDA, no compiler), torch's sdpa sums
                      over the hidden slots' places: rows of a batch with holes may then round otherwise than steps
     exact_rows       a shallow copy of a causal LM (weights, buffers shared): in its decoder layers (wherever its
-                     family keeps them: adapters.layers_path) every linear layer a RowLinear and every attention
-                     fp32_by_rows; its output layer a RowLinear. A layer that says its rows compute alike already
+                     family keeps them: adapters.layers_path) every linear layer row_linear's and every attention
+                     fp32_by_rows; its output layer row_linear's. A layer that says its rows compute alike already
                      (`rows_alike`: a model on GGUF blocks, models/gguf_linear.py) is kept; its attention is made
                      fp32_by_rows all the same.
 

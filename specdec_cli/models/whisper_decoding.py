@@ -164,8 +164,9 @@ class ExactScorer(WindowDecoder):
     every row bit for bit the logits that a one-token step, i.e. autoregressive decoding, gives for it, so
     greedy output is the autoregressive output token for token.
 
-    Layer norms and GELU compute a row the same in a many-row call as alone, and so do the linear layers from
-    two rows on (a lone row is computed as two: RowLinear); torch's scaled_dot_product_attention does not (a
+    Layer norms and GELU compute a row the same in a many-row call as alone, and so do the linear layers (on a CPU
+    kernels/float_rows, each row alone; elsewhere from two rows on: a lone row is computed as two, RowLinear);
+    torch's scaled_dot_product_attention does not (a
     9-row call rounds differently from nine 1-row calls and flipped 0.7 % of the greedy tokens of the 74 s
     LibriVox recording in bf16), so attention runs row by row (decoding/exact_rows: kernel_rows, else sdpa_by_rows). Needs the target's attention
     to be sdpa (transformers' default for Whisper); tests/test_transcribe.py checks the rows bit for bit."""
