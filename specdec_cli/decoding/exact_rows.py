@@ -8,7 +8,7 @@ Where they would differ on a CPU in bf16/fp16 (measured on an AMD EPYC, torch 2.
 Norms, rotary embeddings and activations compute a row alone. So:
 
     KernelLinear     on a CPU, an fp32 linear layer's steps and passes through kernels/float_rows: each row computed
-                     alone, the weights read once a call (1.6–4.5× torch's product for 1–44 rows of Whisper base's
+                     alone, the weights read once a call (1.1–3.2× torch's product for 1–44 rows of Whisper base's
                      shapes, 2 threads of an AMD EPYC Zen 3)
     RowLinear        elsewhere (bf16 weights, CUDA, no compiler), a lone row is computed as the first of two (the
                      weights are read once: it costs what one does)
