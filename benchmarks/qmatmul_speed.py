@@ -5,6 +5,8 @@ in the same rounds. The machine is shared: contenders run A B C A B C ..., start
     bf16        F.linear with bf16 weights (what specdec runs today)
     fp32        F.linear with fp32 weights and x (what runs where the CPU has no bf16 arithmetic: models/device.py)
     f32rows     specdec's fp32 linear (kernels/float_rows.py: each row computed alone, the weights read once a call)
+    bf16rows    the same kernel on bf16 weights (widened to fp32 in registers: the bits of their fp32 copy), bf16 x
+    bf16pair    what decoding/exact_rows.RowLinear runs for bf16 weights: F.linear, a lone row computed as two
     int8pack    torch._weight_int8pack_mm: int8 weights, one bf16 scale per output row
     int4pack    torch._weight_int4pack_mm_for_cpu: int4 weights, groups of 32 (Q4_K's sub-block), bf16 x
     fbgemm-i8   torch's dynamic int8 linear (fbgemm; activations quantized per call, fp32 in and out)
@@ -67,6 +69,18 @@ def make_f32rows(N, K, cache_mb):
 
     ws = [torch.randn(N, K) * 0.02 for _ in range(_copies(N * K * 4, cache_mb))]
     return lambda x, i: float_rows.mm(x.float(), ws[i % len(ws)])
+
+
+def make_bf16rows(N, K, cache_mb):
+    from specdec_cli.kernels import float_rows
+
+    ws = [torch.randn(N, K, dtype=torch.bfloat16) * 0.02 for _ in range(_copies(N * K * 2, cache_mb))]
+    return lambda x, i: float_rows.mm(x, ws[i % len(ws)])
+
+
+def make_bf16pair(N, K, cache_mb):
+    ws = [torch.randn(N, K, dtype=torch.bfloat16) * 0.02 for _ in range(_copies(N * K * 2, cache_mb))]
+    return lambda x, i: F.linear(torch.cat([x, x]) if x.shape[0] == 1 else x, ws[i % len(ws)])
 
 
 def make_int8pack(N, K, cache_mb):
@@ -149,7 +163,8 @@ def make_gguf(qtype):
     return make
 
 
-CONTENDERS = {"bf16": make_bf16, "fp32": make_fp32, "f32rows": make_f32rows, "int8pack": make_int8pack, "int4pack": make_int4pack, "fbgemm-i8": make_fbgemm,
+CONTENDERS = {"bf16": make_bf16, "fp32": make_fp32, "f32rows": make_f32rows, "bf16rows": make_bf16rows,
+              "bf16pair": make_bf16pair, "int8pack": make_int8pack, "int4pack": make_int4pack, "fbgemm-i8": make_fbgemm,
               "i8rows": make_i8rows, "ao-i8wo": make_ao_i8wo, "inductor-i8": make_inductor("i8"), "inductor-i4": make_inductor("i4")}
 GGUF_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 CONTENDERS.update({t: make_gguf(t) for t in GGUF_TYPES})

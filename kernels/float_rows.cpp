@@ -1,18 +1,21 @@
-// y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias) on a CPU with W in fp32 as the model holds it, each row of x computed alone.
-// The plain reference is float_rows.py's reference().
+// y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias) on a CPU with W in fp32 or bf16 as the model holds it, each row of x computed
+// alone. The plain reference is float_rows.py's reference().
 //
 // The arithmetic, for one output (m, n); it is the same sequence whatever M, the other rows, the thread count or the
 // path, so a pass's row has the bits of a one-token step:
 //
-//   x_k        widened exactly to fp32 where x is bf16 (a bf16 is the top half of an fp32)
+//   x_k, w_k   widened exactly to fp32 where bf16 (a bf16 is the top half of an fp32): bf16 weights give the bits of
+//              their fp32 copy
 //   lanes      acc_l = fma(x_k, w_k, acc_l) for k = l, l + 8, l + 16, … < K, in increasing k (8 lanes, one rounding
 //              a multiply-add), every acc_l starting at +0
 //   y          s_l = acc_l + acc_l+4 (l < 4), t_l = s_l + s_l+2 (l < 2), t_0 + t_1, then + bias_n, rounded once to the
 //              output dtype (x's: bf16 as torch's .to rounds)
 //
-// Each output is computed by one thread (the work split over N only). The AVX2 path holds a tile of 3 rows of x × 4
-// rows of W in 12 ymm accumulators (one per output: its 8 lanes) and sweeps K; the portable path runs the same fmas
-// with std::fma (correctly rounded: the same bits, slowly). -ffp-contract=off: the tree's adds stay adds.
+// Each output is computed by one thread (the work split over blocks of 8 rows of W). The AVX2 path holds a tile of
+// 3 rows of x × 4 rows of W in 12 ymm accumulators (one per output: its 8 lanes) and sweeps K; the AVX-512 path a
+// tile of 4 rows of x × 8 rows of W in 16 zmm, each holding two outputs' 8 lanes (W rows n, n + 1 side by side, x's
+// 8 values twice); the portable path runs the same fmas with std::fma (correctly rounded: the same bits, slowly).
+// -ffp-contract=off: the tree's adds stay adds.
 //
 // Cost: the weights are read from memory once per call whatever M (a block of 4 rows stays in L1 while every row of x
 // passes over it), so a step of one row reads what a pass of eleven does; torch's fp32 GEMM (MKL) read Whisper base's
@@ -24,6 +27,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -34,36 +39,55 @@
 
 namespace {
 
-enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2 };
+enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3 };
 
-constexpr int MR = 3, NR = 4;  // a tile: rows of x × rows of W
+constexpr int MR = 3, NR = 4;  // the AVX2 tile: rows of x × rows of W
+constexpr int BLOCK = 8;       // rows of W a task takes at a time
 
+// an fp32 weight as it is, a bf16 one (its bits) widened exactly
+inline float widen(float w) { return w; }
+inline float widen(uint16_t w) {
+  const uint32_t u = uint32_t(w) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename W>
 struct Call {
   int64_t M, N, K;
   const float* x;     // [M, K] fp32
-  const float* w;     // [N, K] fp32
+  const W* w;         // [N, K] fp32, or bf16 bits
   const float* bias;  // [N] fp32, or null
   float* y;           // [M, N] fp32, or null: then
   uint16_t* yb;       // [M, N] bf16
 };
 
-// the output (m, n) from its 8 lanes
-inline void finish(const Call& c, int64_t m, int64_t n, const float* a) {
-  const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
-  const float t0 = s0 + s2, t1 = s1 + s3;
-  float v = t0 + t1;
+// the output (m, n): its lanes' sum v, then + bias_n, rounded to y's dtype
+template <typename W>
+inline void store(const Call<W>& c, int64_t m, int64_t n, float v) {
   if (c.bias) v = v + c.bias[n];
   if (c.yb) c.yb[m * c.N + n] = c10::BFloat16(v).x;
   else c.y[m * c.N + n] = v;
 }
 
+// the output (m, n) from its 8 lanes
+template <typename W>
+inline void finish(const Call<W>& c, int64_t m, int64_t n, const float* a) {
+  const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+  const float t0 = s0 + s2, t1 = s1 + s3;
+  store(c, m, n, t0 + t1);
+}
+
 // lanes k0 … K − 1 of (m, n) onto a
-inline void tail(const Call& c, int64_t m, int64_t n, int64_t k0, float* a) {
-  for (int64_t k = k0; k < c.K; k++) a[k % 8] = std::fma(c.x[m * c.K + k], c.w[n * c.K + k], a[k % 8]);
+template <typename W>
+inline void tail(const Call<W>& c, int64_t m, int64_t n, int64_t k0, float* a) {
+  for (int64_t k = k0; k < c.K; k++) a[k % 8] = std::fma(c.x[m * c.K + k], widen(c.w[n * c.K + k]), a[k % 8]);
 }
 
 // rows m0 … m0 + mr − 1 of x against rows n0 … n0 + nr − 1 of W
-void tile_portable(const Call& c, int64_t m0, int mr, int64_t n0, int nr) {
+template <typename W>
+void tile_portable(const Call<W>& c, int64_t m0, int mr, int64_t n0, int nr) {
   for (int i = 0; i < mr; i++)
     for (int j = 0; j < nr; j++) {
       float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -74,9 +98,25 @@ void tile_portable(const Call& c, int64_t m0, int mr, int64_t n0, int nr) {
 
 #if FR_X86
 #define AVX2_FN __attribute__((target("avx2,fma")))
+#define AVX512_FN __attribute__((target("avx512f,avx512dq,avx2,fma")))
 
-template <int R, int S>
-AVX2_FN void tile_avx2(const Call& c, int64_t m0, int64_t n0) {
+// 8 weights from k on, as fp32
+AVX2_FN inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+AVX2_FN inline __m256 load8(const uint16_t* w) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)w));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+// finish's tree on the 8 lanes of a, in vector lanes (the same adds of the same pairs, so the same bits): lane 0
+// ends as t0 + t1
+AVX2_FN inline __m256 tree8(__m256 a) {
+  const __m256 s = _mm256_add_ps(a, _mm256_permute2f128_ps(a, a, 1));  // lanes 0–3: s_l = a_l + a_l+4
+  const __m256 t = _mm256_add_ps(s, _mm256_permute_ps(s, 0x4E));      // lanes 0–1: t_l = s_l + s_l+2
+  return _mm256_add_ps(t, _mm256_permute_ps(t, 0xB1));                // lane 0: t_0 + t_1
+}
+
+template <int R, int S, typename W>
+AVX2_FN void tile_avx2(const Call<W>& c, int64_t m0, int64_t n0) {
   __m256 acc[R][S];
   for (int i = 0; i < R; i++)
     for (int j = 0; j < S; j++) acc[i][j] = _mm256_setzero_ps();
@@ -85,12 +125,16 @@ AVX2_FN void tile_avx2(const Call& c, int64_t m0, int64_t n0) {
     __m256 xv[R];
     for (int i = 0; i < R; i++) xv[i] = _mm256_loadu_ps(c.x + (m0 + i) * K + k);
     for (int j = 0; j < S; j++) {
-      const __m256 wv = _mm256_loadu_ps(c.w + (n0 + j) * K + k);
+      const __m256 wv = load8(c.w + (n0 + j) * K + k);
       for (int i = 0; i < R; i++) acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
     }
   }
   for (int i = 0; i < R; i++)
     for (int j = 0; j < S; j++) {
+      if (K8 == K) {
+        store(c, m0 + i, n0 + j, _mm256_cvtss_f32(tree8(acc[i][j])));
+        continue;
+      }
       alignas(32) float a[8];
       _mm256_store_ps(a, acc[i][j]);
       tail(c, m0 + i, n0 + j, K8, a);
@@ -98,24 +142,173 @@ AVX2_FN void tile_avx2(const Call& c, int64_t m0, int64_t n0) {
     }
 }
 
-template <int S>
-AVX2_FN void rows_avx2(const Call& c, int64_t n0) {
+template <int S, typename W>
+AVX2_FN void rows_avx2(const Call<W>& c, int64_t n0) {
   int64_t m = 0;
   for (; m + MR <= c.M; m += MR) tile_avx2<MR, S>(c, m, n0);
   if (c.M - m == 2) tile_avx2<2, S>(c, m, n0);
   else if (c.M - m == 1) tile_avx2<1, S>(c, m, n0);
 }
 
-AVX2_FN void block_avx2(const Call& c, int64_t n0, int nr) {
-  if (nr == NR) return rows_avx2<NR>(c, n0);
-  for (int j = 0; j < nr; j++) rows_avx2<1>(c, n0 + j);  // the last rows of W
+// rows n0 … n0 + nr − 1 of W (nr ≤ BLOCK) against every row of x
+template <typename W>
+AVX2_FN void block_avx2(const Call<W>& c, int64_t n0, int nr) {
+  int j = 0;
+  for (; j + NR <= nr; j += NR) rows_avx2<NR>(c, n0 + j);
+  for (; j < nr; j++) rows_avx2<1>(c, n0 + j);  // the last rows of W
+}
+
+// W rows n, n + 1 at k … k + 7 side by side: lanes 0–7 and 8–15
+AVX512_FN inline __m512 load8x2(const float* w, int64_t K) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w)), _mm256_loadu_ps(w + K), 1);
+}
+AVX512_FN inline __m512 load8x2(const uint16_t* w, int64_t K) {
+  const __m256i two = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)w)),
+                                              _mm_loadu_si128((const __m128i*)(w + K)), 1);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(two), 16));
+}
+
+// tree8 on both 8-lane halves: lanes 0 and 8
+AVX512_FN inline __m512 tree8x2(__m512 a) {
+  const __m512 s = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0xB1));  // 128-bit blocks 0↔1, 2↔3
+  const __m512 t = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));
+  return _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
+}
+
+// W rows n0 + 2j, n0 + 2j + 1 at k … k + 7 (pair j), read from W itself
+template <typename W>
+struct Pairs {
+  const W* w;  // row n0
+  int64_t K;
+  AVX512_FN __m512 at(int j, int64_t k) const { return load8x2(w + 2 * j * K + k, K); }
+};
+
+// R rows of x × 2P rows of W over k0 … k1 − 1 (a multiple of 8 apart): accumulator (i, j) holds outputs
+// (m0 + i, n0 + 2j) and (m0 + i, n0 + 2j + 1); it starts at zero, or from and back to acc[(i · P + j) · 16] when given
+template <int R, int P, typename Src>
+AVX512_FN void fmas_avx512(const float* x, int64_t K, const Src& src, int64_t k0, int64_t k1, float* acc,
+                           __m512 (&a)[R][P]) {
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < P; j++) a[i][j] = acc ? _mm512_loadu_ps(acc + (i * P + j) * 16) : _mm512_setzero_ps();
+  for (int64_t k = k0; k < k1; k += 8) {
+    __m512 xv[R];
+    for (int i = 0; i < R; i++) xv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
+    for (int j = 0; j < P; j++) {
+      const __m512 wv = src.at(j, k);
+      for (int i = 0; i < R; i++) a[i][j] = _mm512_fmadd_ps(xv[i], wv, a[i][j]);
+    }
+  }
+}
+
+// the outputs of accumulator a (pair j = n of rows n, n + 1; lanes 0 … K8 − 1 summed)
+template <typename W>
+AVX512_FN inline void finish2(const Call<W>& c, int64_t m, int64_t n, __m512 a, int64_t K8) {
+  alignas(64) float v[16];
+  if (K8 == c.K) {
+    _mm512_store_ps(v, tree8x2(a));
+    store(c, m, n, v[0]);
+    store(c, m, n + 1, v[8]);
+    return;
+  }
+  _mm512_store_ps(v, a);
+  for (int h = 0; h < 2; h++) {
+    tail(c, m, n + h, K8, v + 8 * h);
+    finish(c, m, n + h, v + 8 * h);
+  }
+}
+
+// R rows of x × 2P rows of W read as they are (a call of few rows: the weights' read is the cost)
+template <int R, int P, typename W>
+AVX512_FN void tile_avx512(const Call<W>& c, int64_t m0, int64_t n0) {
+  __m512 a[R][P];
+  const int64_t K8 = c.K / 8 * 8;
+  fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, 0, K8, nullptr, a);
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < P; j++) finish2(c, m0 + i, n0 + 2 * j, a[i][j], K8);
+}
+
+template <int P, typename W>
+AVX512_FN void rows_avx512(const Call<W>& c, int64_t n0) {
+  int64_t m = 0;
+  for (; m + 4 <= c.M; m += 4) tile_avx512<4, P>(c, m, n0);
+  if (c.M - m == 3) tile_avx512<3, P>(c, m, n0);
+  else if (c.M - m == 2) tile_avx512<2, P>(c, m, n0);
+  else if (c.M - m == 1) tile_avx512<1, P>(c, m, n0);
+}
+
+// a block's chunk of W widened and paired once for every tile of x: pair j's 16 values of step s at p[(s · P + j) · 16]
+struct Packed {
+  const float* p;
+  int64_t k0;
+  AVX512_FN __m512 at(int j, int64_t k) const { return _mm512_loadu_ps(p + ((k - k0) / 8 * (BLOCK / 2) + j) * 16); }
+};
+
+constexpr int64_t KC = 256;  // a chunk of K: W's chunk (4 KB) and x's (M · 512 B) stay in L1 while the tiles sweep it
+
+template <int R>
+AVX512_FN void chunk_tile(const float* x, int64_t K, const Packed& src, int64_t k0, int64_t k1, float* acc) {
+  constexpr int P = BLOCK / 2;
+  __m512 a[R][P];
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < P; j++) a[i][j] = k0 ? _mm512_loadu_ps(acc + (i * P + j) * 16) : _mm512_setzero_ps();
+  const float* w = src.p;
+  for (int64_t k = k0; k < k1; k += 8, w += P * 16) {
+    __m512 xv[R];
+    for (int i = 0; i < R; i++) xv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
+    for (int j = 0; j < P; j++) {
+      const __m512 wv = _mm512_loadu_ps(w + j * 16);
+      for (int i = 0; i < R; i++) a[i][j] = _mm512_fmadd_ps(xv[i], wv, a[i][j]);
+    }
+  }
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < P; j++) _mm512_storeu_ps(acc + (i * P + j) * 16, a[i][j]);
+}
+
+// BLOCK rows of W against every row of x (a call of many rows: the multiply-adds are the cost), K in chunks; each
+// output's lanes still run over k in increasing order, kept in acc between chunks
+template <typename W>
+AVX512_FN void block_packed(const Call<W>& c, int64_t n0) {
+  constexpr int P = BLOCK / 2;
+  static thread_local std::vector<float> wbuf, acc;
+  wbuf.resize(KC * BLOCK);
+  acc.resize(c.M * P * 16);
+  const int64_t K = c.K, K8 = K / 8 * 8;
+  const Pairs<W> w{c.w + n0 * K, K};
+  for (int64_t k0 = 0; k0 < K8; k0 += KC) {
+    const int64_t k1 = std::min(K8, k0 + KC);
+    for (int64_t k = k0; k < k1; k += 8)
+      for (int j = 0; j < P; j++) _mm512_storeu_ps(wbuf.data() + ((k - k0) / 8 * P + j) * 16, w.at(j, k));
+    const Packed src{wbuf.data(), k0};
+    if (n0 + 2 * BLOCK <= c.N)  // the next block's chunk on its way from memory while this one's tiles run
+      for (int r = 0; r < BLOCK; r++)
+        for (int64_t k = k0; k < k1; k += 64 / sizeof(W)) _mm_prefetch((const char*)(w.w + (BLOCK + r) * K + k), _MM_HINT_T0);
+    int64_t m = 0;
+    for (; m + 4 <= c.M; m += 4) chunk_tile<4>(c.x + m * K, K, src, k0, k1, acc.data() + m * P * 16);
+    float* am = acc.data() + m * P * 16;
+    if (c.M - m == 3) chunk_tile<3>(c.x + m * K, K, src, k0, k1, am);
+    else if (c.M - m == 2) chunk_tile<2>(c.x + m * K, K, src, k0, k1, am);
+    else if (c.M - m == 1) chunk_tile<1>(c.x + m * K, K, src, k0, k1, am);
+  }
+  for (int64_t m = 0; m < c.M; m++)
+    for (int j = 0; j < P; j++)
+      finish2(c, m, n0 + 2 * j, K8 ? _mm512_loadu_ps(acc.data() + (m * P + j) * 16) : _mm512_setzero_ps(), K8);
+}
+
+template <typename W>
+AVX512_FN void block_avx512(const Call<W>& c, int64_t n0, int nr) {
+  if (nr == BLOCK) return c.M > 4 ? block_packed(c, n0) : rows_avx512<BLOCK / 2>(c, n0);
+  int j = 0;
+  for (; j + 2 <= nr; j += 2) rows_avx512<1>(c, n0 + j);
+  if (j < nr) rows_avx2<1>(c, n0 + j);  // an odd last row of W
 }
 #endif  // FR_X86
 
 int detect() {
 #if FR_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return AVX512;
+  if (avx2) return AVX2;
 #endif
   return PORTABLE;
 }
@@ -125,16 +318,44 @@ int best_path() {
   return p;
 }
 
-std::string backend() { return best_path() == AVX2 ? "AVX2" : "portable C++"; }
+std::string backend() {
+  const int p = best_path();
+  return p == AVX512 ? "AVX-512" : p == AVX2 ? "AVX2" : "portable C++";
+}
 
-// x [..., K] fp32 or bf16; w [N, K] fp32, contiguous; bias [N] or none; path 0 = the best this CPU has
+template <typename W>
+void run(const Call<W>& c, int64_t path) {
+  // blocks of BLOCK rows of W over threads, ≥ ~64 K multiply-adds a task
+  const int64_t blocks = (c.N + BLOCK - 1) / BLOCK;
+  const int64_t grain = std::max<int64_t>(1, 65536 / (BLOCK * c.K * c.M));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; blk++) {
+      const int64_t n0 = blk * BLOCK;
+      const int nr = (int)std::min<int64_t>(BLOCK, c.N - n0);
+#if FR_X86
+      if (path == AVX512) {
+        block_avx512(c, n0, nr);
+        continue;
+      }
+      if (path == AVX2) {
+        block_avx2(c, n0, nr);
+        continue;
+      }
+#endif
+      for (int64_t m0 = 0; m0 < c.M; m0 += MR) tile_portable(c, m0, (int)std::min<int64_t>(MR, c.M - m0), n0, nr);
+    }
+  });
+}
+
+// x [..., K] fp32 or bf16; w [N, K] fp32 or bf16, contiguous; bias [N] or none; path 0 = the best this CPU has
 // -> [..., N] in x's dtype
 torch::Tensor mm(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t path) {
   if (path == AUTO) path = best_path();
   TORCH_CHECK(path >= PORTABLE && path <= best_path(), "float_rows: path ", path, " does not run on this CPU");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "float_rows: x must be fp32 or bf16");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kFloat,
-              "float_rows: w must be a contiguous [N, K] fp32 tensor");
+  const bool wb = w.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && (wb || w.scalar_type() == at::kFloat),
+              "float_rows: w must be a contiguous [N, K] fp32 or bf16 tensor");
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "float_rows: CPU tensors only");
   const int64_t K = x.size(-1), N = w.size(0);
   TORCH_CHECK(w.size(1) == K, "float_rows: x has ", K, " columns, the weights ", w.size(1));
@@ -149,33 +370,18 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> 
     TORCH_CHECK(b.numel() == N, "float_rows: bias must have N elements");
   }
   if (M == 0 || N == 0) return y;
-  Call c{M, N, K, x2.data_ptr<float>(), w.data_ptr<float>(),
-         b.defined() ? b.data_ptr<float>() : nullptr, nullptr, nullptr};
-  if (x.scalar_type() == at::kFloat) c.y = y.data_ptr<float>();
-  else c.yb = (uint16_t*)y.data_ptr<c10::BFloat16>();
-  // blocks of NR rows of W over threads, ≥ ~64 K multiply-adds a task
-  const int64_t blocks = (N + NR - 1) / NR;
-  const int64_t grain = std::max<int64_t>(1, 65536 / (NR * K * M));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; blk++) {
-      const int64_t n0 = blk * NR;
-      const int nr = (int)std::min<int64_t>(NR, N - n0);
-#if FR_X86
-      if (path == AVX2) {
-        block_avx2(c, n0, nr);
-        continue;
-      }
-#endif
-      for (int64_t m0 = 0; m0 < M; m0 += MR) tile_portable(c, m0, (int)std::min<int64_t>(MR, M - m0), n0, nr);
-    }
-  });
+  float* yf = x.scalar_type() == at::kFloat ? y.data_ptr<float>() : nullptr;
+  uint16_t* yb = yf ? nullptr : (uint16_t*)y.data_ptr<c10::BFloat16>();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  if (wb) run(Call<uint16_t>{M, N, K, x2.data_ptr<float>(), (const uint16_t*)w.data_ptr<c10::BFloat16>(), bp, yf, yb}, path);
+  else run(Call<float>{M, N, K, x2.data_ptr<float>(), w.data_ptr<float>(), bp, yf, yb}, path);
   return y;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("mm", &mm, "y = x · Wᵀ (+ bias), W fp32, each row of x computed alone");
+  m.def("mm", &mm, "y = x · Wᵀ (+ bias), W fp32 or bf16, each row of x computed alone");
   m.def("backend", &backend, "the SIMD path this CPU runs");
-  m.def("best_path", &best_path, "its number (1 portable, 2 AVX2)");
+  m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512)");
 }

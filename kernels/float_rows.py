@@ -1,16 +1,18 @@
-"""Linear layers on a CPU whose rows compute alone, with fp32 weights as the model holds them: float_rows.cpp (its top states the arithmetic). A row's result does not depend on the other rows of its call, on M,
-on the thread count or on the SIMD path, so a speculative pass's rows are a one-token step's bits; and the weights are
-read once per call, so a pass or a batch's step costs about what one row's does (torch's fp32 GEMM read Whisper
-base's output layer at ~5 GB/s for 4 rows, ~11 GB/s for one).
+"""Linear layers on a CPU whose rows compute alone, with fp32 or bf16 weights as the model holds them: float_rows.cpp
+(its top states the arithmetic). A row's result does not depend on the other rows of its call, on M, on the thread
+count or on the SIMD path (AVX-512, AVX2, portable), so a speculative pass's rows are a one-token step's bits; and the
+weights are read once per call, so a batch's step costs about what one row's does (torch's fp32 GEMM read Whisper
+base's output layer at ~5 GB/s for 4 rows, ~11 GB/s for one, on an AVX2 Zen 3). Many rows are bound by the fp32
+multiply-adds: on an AVX-512 BF16 CPU, torch's bf16 product (two multiply-adds an instruction) is faster from ~8 rows
+of a call on (benchmarks/README.md, sixteenth session).
 
-    runs       whether the kernel runs for a weight: on a CPU, fp32, 2-D, and built here
+    takes      whether it would run for a weight: on a CPU, fp32 or bf16, 2-D
+    runs       ... and it is built here
     mm         x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype
     reference  the same product in fp64 (tests: the kernel's error is bounded by its arithmetic)
 
 Built at first use and cached (kernels/cpp.py: a C++ compiler is needed then). Where it does not build, the callers
-keep torch's linear layers (decoding/exact_rows.row_linear), as before it. bf16 weights keep them too: where a model
-runs in bf16 (AVX-512 BF16 CPUs), oneDNN's bf16 product reads half the bytes and was flat to 9 rows (issue 30's
-figures); this kernel, widening bf16 to fp32 FMAs on AVX2, is not measured there yet.
+keep torch's linear layers (decoding/exact_rows.row_linear).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import torch
 from specdec_cli.kernels import cpp
 
 SOURCE = Path(__file__).with_name("float_rows.cpp")
-PATHS = {"portable": 1, "avx2": 2}  # the C++ enum Path
+PATHS = {"portable": 1, "avx2": 2, "avx512": 3}  # the C++ enum Path
 KERNEL = cpp.Extension("float_rows", SOURCE, ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"],
                        "torch's linear layers run instead")
+DTYPES = (torch.float32, torch.bfloat16)  # the weights it reads as they are
 LANES = 8  # acc_l: the products of the k with k mod 8 = l, one fused multiply-add each
 
 
@@ -38,14 +41,19 @@ def backend_line() -> str:
     return f"torch (the C++ kernel did not build: {KERNEL.error})" if ext is None else f"C++ {ext.backend()} path"
 
 
+def takes(weight: torch.Tensor) -> bool:
+    """Whether mm would run for this weight once built: on a CPU, fp32 or bf16, 2-D."""
+    return weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
+
+
 def runs(weight: torch.Tensor) -> bool:
     """Whether mm runs for this weight (so a layer's every call takes the same path, whatever its rows)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2 and extension() is not None
+    return takes(weight) and extension() is not None
 
 
 def mm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
     """x [..., K] (fp32 or bf16; others go through fp32) · weight [N, K]ᵀ (+ bias) -> [..., N] in x's dtype, by the
-    C++ kernel (runs() must hold). path: 'portable' or 'avx2'; default the best this CPU has."""
+    C++ kernel (runs() must hold). path: 'portable', 'avx2' or 'avx512'; default the best this CPU has."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         return mm(x.float(), weight, bias, path).to(x.dtype)
     ext = extension()

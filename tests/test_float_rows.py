@@ -28,16 +28,28 @@ def weight(seed: int, n: int = N, k: int = K) -> torch.Tensor:
     return torch.randn(n, k, generator=g) * 0.05
 
 
+@pytest.mark.parametrize("k", [K, 512])  # a tail of lanes after the vectors; none (the tree in vector lanes)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_path_gives_the_same_bits_and_a_row_its_own(dtype):
-    w, bias = weight(0), torch.randn(N)
-    x = torch.randn(max(ROWS), K).to(dtype)
+def test_every_path_gives_the_same_bits_and_a_row_its_own(dtype, k):
+    w, bias = weight(0, k=k), torch.randn(N)
+    x = torch.randn(max(ROWS), k).to(dtype)
     alone = torch.cat([float_rows.mm(x[i : i + 1], w, bias, path="portable") for i in range(len(x))])
     assert alone.dtype == dtype
     for p in paths_here():
         for M in ROWS:
             assert torch.equal(float_rows.mm(x[:M], w, bias, path=p), alone[:M]), (p, M)
-    assert torch.equal(float_rows.mm(x.view(4, 11, K), w, bias), alone.view(4, 11, N))  # leading dims
+    assert torch.equal(float_rows.mm(x.view(4, 11, k), w, bias), alone.view(4, 11, N))  # leading dims
+
+
+@pytest.mark.parametrize("k", [K, 64])
+@pytest.mark.parametrize("n", [N, 8, 9, 3])  # whole blocks of 8 weight rows, an odd row after them, fewer than a tile
+def test_bf16_weights_give_the_bits_of_their_fp32_copy(n, k):
+    w = weight(3, n, k).bfloat16()
+    x = torch.randn(max(ROWS), k)
+    alone = torch.cat([float_rows.mm(x[i : i + 1], w.float(), path="portable") for i in range(len(x))])
+    for p in paths_here():
+        for M in ROWS:
+            assert torch.equal(float_rows.mm(x[:M], w, path=p), alone[:M]), (p, M, n)
 
 
 def test_a_row_does_not_depend_on_the_threads():
@@ -68,7 +80,7 @@ def test_row_linear_runs_the_kernel_for_a_pass_and_torch_for_a_prompt():
     lin = torch.nn.Linear(K, N)
     layer = exact_rows.row_linear(lin)
     assert isinstance(layer, exact_rows.KernelLinear)
-    assert isinstance(exact_rows.row_linear(torch.nn.Linear(K, N).bfloat16()), exact_rows.RowLinear)  # bf16: torch's, a lone row as two
+    assert isinstance(exact_rows.row_linear(torch.nn.Linear(K, N).bfloat16()), exact_rows.KernelLinear)  # bf16 too
     x = torch.randn(2, exact_rows.ROWS + 1, K)
     with torch.inference_mode():
         step = layer(x[:, :1])

@@ -7,10 +7,11 @@ Where they would differ on a CPU in bf16/fp16 (measured on an AMD EPYC, torch 2.
   - torch's scaled_dot_product_attention gives a row of a many-query call other bits than a one-query call.
 Norms, rotary embeddings and activations compute a row alone. So:
 
-    KernelLinear     on a CPU, an fp32 linear layer's steps and passes through kernels/float_rows: each row computed
-                     alone, the weights read once a call (1.1–3.2× torch's product for 1–44 rows of Whisper base's
-                     shapes, 2 threads of an AMD EPYC Zen 3)
-    RowLinear        elsewhere (bf16 weights, CUDA, no compiler), a lone row is computed as the first of two (the
+    KernelLinear     on a CPU, an fp32 or bf16 linear layer's steps and passes through kernels/float_rows: each row
+                     computed alone, the weights read once a call (fp32: 1.1–3.2× torch's product for 1–44 rows of
+                     Whisper base's shapes, 2 threads of an AMD EPYC Zen 3; bf16: 1.3–2× torch's for 1–4 rows,
+                     slower from ~8 on, AMD EPYC Zen 5: benchmarks/README.md, sixteenth session)
+    RowLinear        elsewhere (fp16, CUDA, no compiler), a lone row is computed as the first of two (the
                      weights are read once: it costs what one does)
     step_attention   transformers' sdpa, the mask of one query dropped where transformers drops it
     sdpa_by_rows     a pass of up to ROWS queries, one query at a time over the keys a step would see
@@ -106,8 +107,8 @@ class KernelLinear(nn.Module):
 
 
 def row_linear(linear: nn.Module) -> nn.Module:
-    """For a linear layer (_is_linear): KernelLinear(linear) where kernels/float_rows runs for its weight (an
-    nn.Linear on a CPU), else RowLinear(linear) where needs_rows; anything else is returned as it is."""
+    """For a linear layer (_is_linear): KernelLinear(linear) where kernels/float_rows runs for its weight (an fp32 or
+    bf16 nn.Linear on a CPU), else RowLinear(linear) where needs_rows; anything else is returned as it is."""
     weight = getattr(linear, "weight", None)
     if not (_is_linear(linear) and isinstance(weight, torch.Tensor)):
         return linear

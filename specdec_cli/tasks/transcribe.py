@@ -418,7 +418,7 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
     if target.device.type == "cpu":  # the C++ kernels its steps run, built now: no recording's time holds a build
         lean = getattr(drafts.model_draft(draft), "lean", None)  # a lean self draft's decoder (lookup+self's too)
         int8_rows_run = opts.target_int8 or getattr(lean, "weights", None) == "int8"
-        float_run = target.dtype == torch.float32 and not opts.target_int8  # its decoder's linears: float_rows
+        float_run = not opts.target_int8 and float_rows.takes(target.model.proj_out.weight)  # its decoder's linears
         build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if int8_rows_run else ()),
                                  *((float_rows.KERNEL,) if float_run else ())))
     return target, draft
