@@ -47,7 +47,7 @@ DEFAULT_SHAPES = ",".join(SHAPES)
 # Whisper base's decoder (transcribe --target-int8): q, k, v joined (the self draft's), a 512 × 512 projection,
 # fc1, fc2, the output layer
 SHAPES.update({"w_qkv": (1536, 512), "w_proj": (512, 512), "w_fc1": (2048, 512), "w_fc2": (512, 2048),
-               "w_output": (51865, 512)})
+               "w_output": (51865, 512), "w_head32k": (32768, 512)})  # the self draft's output layer: 32768 ids
 
 
 def _copies(bytes_one: int, cache_mb: int) -> int:

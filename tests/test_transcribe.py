@@ -233,7 +233,8 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     """On a CPU, load_pair builds (or loads from the cache) the C++ kernels the steps will run, so that no
     recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
     rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run (alone or after
-    lookup), float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8)."""
+    lookup), float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
+    (the encoder's) always."""
     from specdec_cli.options import TranscribeOptions
 
     built = []
@@ -242,13 +243,13 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     floats = [] if target_int8 else ["float_rows"]
     _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
     assert draft.lean.weights == "int8"  # fp32: the lean self draft's int4 default is held as int8 rows
-    assert built == ["rows_attention", "int8_rows", *floats]
+    assert built == ["rows_attention", "int8_rows", *floats, "frames_attention"]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
-    assert built == (["rows_attention", "int8_rows"] if target_int8 else ["rows_attention", "float_rows"])
+    assert built == (["rows_attention", "int8_rows"] if target_int8 else ["rows_attention", "float_rows"]) + ["frames_attention"]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft="lookup+self"), progress=False)  # the lean draft inside
-    assert built == ["rows_attention", "int8_rows", *floats]
+    assert built == ["rows_attention", "int8_rows", *floats, "frames_attention"]
 
 
 def test_a_lone_row_is_computed_as_the_first_of_two():

@@ -1,7 +1,8 @@
 """How Whisper enters the decoding loop for a batch of 30 s windows: features and encoder once, then decoders
 over the window's encoder output.
 
-    features, encode  log-mel features of ≤ 30 s audio, and the encoder over them
+    features, encode  log-mel features of ≤ 30 s audio, and the encoder over them (its self-attention
+                      frames_attention: on an AVX-512 CPU kernels/frames_attention)
     EncodedWindows    a batch of windows as every decoder reads them: the audio, the target's encoder output and
                       every decoder layer's cross-attention K/V, computed once and shared by the target, the draft
                       and the probe (a self draft's layers are the target's own: the same K/V)
@@ -25,6 +26,7 @@ from torch import nn
 from specdec_cli import internals
 from specdec_cli.decoding import Seq2SeqDecoder
 from specdec_cli.decoding.exact_rows import copy_with_row_linears, kernel_or_sdpa_by_rows, kernel_or_step, row_linear
+from specdec_cli.kernels import frames_attention as kernels_frames
 from specdec_cli.models.loading import LoadedModel
 from specdec_cli.models.whisper import SAMPLE_RATE
 
@@ -39,11 +41,40 @@ def features(model: LoadedModel, audio: Sequence[np.ndarray]) -> torch.Tensor:
 def encode(model: LoadedModel, feats: torch.Tensor) -> torch.Tensor:
     """The encoder's output [B, S, d] for features [B, mels, 3000]: on a CPU one window at a time (four windows
     together took 1.16× as long, AMD EPYC Zen 3, 2 threads: 1 500 frames a window fill the cores already, and a
-    window's output no longer depends on the batch it is in), elsewhere all together."""
+    window's output no longer depends on the batch it is in), its self-attention through frames_attention; elsewhere
+    all together."""
     encoder = model.model.model.encoder
     if feats.device.type != "cpu":
         return encoder(feats).last_hidden_state
+    encoder = _with_encoder_attention(encoder)
     return torch.cat([encoder(feats[i : i + 1]).last_hidden_state for i in range(feats.shape[0])])
+
+
+def frames_attention(module, query, key, value, attention_mask, **kwargs):
+    """The encoder's self-attention through kernels/frames_attention where it takes the call (a CPU with AVX-512,
+    heads 64 wide) and nothing it leaves out is asked for (a mask, dropout, the weights), else transformers' sdpa.
+    -> (out [B, S, H, D], None)."""
+    if attention_mask is None and not kwargs.get("dropout") and not kwargs.get("output_attentions") \
+            and kernels_frames.runs(query, key, value):
+        scale = kwargs.get("scaling")
+        return kernels_frames.attend(query, key, value, query.shape[-1] ** -0.5 if scale is None else scale), None
+    return internals.sdpa_attention(module, query, key, value, attention_mask, **kwargs)
+
+
+def _with_encoder_attention(encoder: nn.Module) -> nn.Module:
+    """A shallow copy of a Whisper encoder (weights shared) whose self-attention runs frames_attention; the encoder
+    itself where it does not run sdpa."""
+    if internals.attention_implementation(encoder.config) != "sdpa":
+        return encoder
+    config = internals.config_with_attention(encoder.config, "specdec_frames", frames_attention)
+    clone = internals.shallow_copy(encoder)
+    clone.layers = nn.ModuleList()
+    for layer in encoder.layers:
+        layer = internals.shallow_copy(layer)
+        layer.self_attn = internals.shallow_copy(layer.self_attn)
+        layer.self_attn.config = config
+        clone.layers.append(layer)
+    return clone
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from specdec_cli.decoding import (
     rows_share,
 )
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import float_rows, int8_rows, rows_attention
+from specdec_cli.kernels import float_rows, frames_attention, int8_rows, rows_attention
 from specdec_cli.models import LoadedModel, int8
 from specdec_cli.models.progress import build_kernels
 from specdec_cli.models.whisper import (
@@ -420,7 +420,7 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
         int8_rows_run = opts.target_int8 or getattr(lean, "weights", None) == "int8"
         float_run = not opts.target_int8 and float_rows.takes(target.model.proj_out.weight)  # its decoder's linears
         build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if int8_rows_run else ()),
-                                 *((float_rows.KERNEL,) if float_run else ())))
+                                 *((float_rows.KERNEL,) if float_run else ()), frames_attention.KERNEL))
     return target, draft
 
 

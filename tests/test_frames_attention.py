@@ -1,0 +1,79 @@
+"""kernels/frames_attention: the encoder's attention within its fp32 arithmetic's bound of the fp64 result, on every
+path this CPU runs (the portable path on any CPU); the rows of a tile do not depend on each other."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_cli.kernels import frames_attention as fa
+
+pytestmark = pytest.mark.skipif(fa.KERNEL.module() is None, reason="the frames_attention kernel does not build here")
+
+
+def paths_here() -> list[str]:
+    best = fa.KERNEL.module().best_path()
+    return [p for p, n in fa.PATHS.items() if n <= best]
+
+
+def qkv(seed: int, B=2, H=3, S=75, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, S, fa.HEAD, generator=g) * 2 for _ in range(3))
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+@pytest.mark.parametrize("S", [1, 3, 16, 75, 257])  # tiles of 4 rows and 16 keys, and what is left after them
+def test_within_the_arithmetics_bound(S):
+    q, k, v = qkv(0, S=S)
+    scale = fa.HEAD ** -0.5
+    ref, _ = fa.reference(q, k, v, scale)
+    bound = fa.error_bound(q, k, v, scale)
+    for p in paths_here():
+        got = fa.attend(q, k, v, scale, path=p).double()
+        assert got.shape == ref.shape
+        err = (got - ref).abs()
+        assert bool((err <= bound).all()), (p, float((err / bound).max()))
+        assert S == 1 or float(err.max()) > 0  # rounded: not vacuous (one key: its values exactly)
+
+
+def test_bf16_in_any_strides_comes_back_bf16_within_its_rounding():
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv(1, S=40, dtype=torch.bfloat16))  # [B, H, S, D] views
+    scale = 0.125
+    ref, _ = fa.reference(q, k, v, scale)
+    bound = fa.error_bound(q, k, v, scale) + 2.0 ** -8 * ref.abs()  # then rounded once to bf16
+    for p in paths_here():
+        got = fa.attend(q, k, v, scale, path=p)
+        assert got.dtype == torch.bfloat16
+        assert bool(((got.double() - ref).abs() <= bound).all()), p
+
+
+def test_a_row_does_not_depend_on_the_others():
+    q, k, v = qkv(2, S=30)
+    whole = fa.attend(q, k, v, 0.125, path=paths_here()[-1])
+    for r in (0, 5, 29):  # one row alone (its own tile of one) against its place in a tile of four
+        alone = fa.attend(q[:, :, r : r + 1], k, v, 0.125, path=paths_here()[-1])
+        assert torch.allclose(alone[:, 0], whole[:, r], rtol=0, atol=1e-6)
+
+
+def test_runs_only_where_its_fast_path_does():
+    q, k, v = qkv(3, S=8)
+    fast = fa.KERNEL.module().best_path() == fa.PATHS["avx512"]
+    assert fa.runs(q, k, v) == fast
+    assert not fa.runs(q[..., :32], k[..., :32], v[..., :32])  # heads 32 wide: torch's
+    assert not fa.runs(q.half(), k.half(), v.half())
+
+
+def test_the_encoders_attention_function_takes_what_the_kernel_takes():
+    from specdec_cli import internals
+    from specdec_cli.models import whisper_decoding as wd
+
+    q, k, v = qkv(4, B=1, H=2, S=20)
+    module = torch.nn.Module()
+    out, weights = wd.frames_attention(module, q, k, v, None, scaling=0.5, dropout=0.0)
+    assert weights is None and out.shape == (1, 20, 2, fa.HEAD)
+    if fa.runs(q, k, v):
+        assert torch.equal(out, fa.attend(q, k, v, 0.5))
+    mask = torch.zeros(1, 1, 20, 20)
+    mask[..., -3:] = float("-inf")  # a mask: transformers' sdpa, which applies it
+    masked, _ = wd.frames_attention(module, q, k, v, mask, scaling=0.5, dropout=0.0)
+    assert torch.equal(masked, internals.sdpa_attention(module, q, k, v, mask, scaling=0.5, dropout=0.0)[0])
