@@ -116,9 +116,11 @@ def sample_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [B, V] -> (tokens int64 [B], probs float32 [B, V] they were drawn from, or None if greedy)."""
     if params.greedy:
-        if not bool(torch.isfinite(logits.amax(dim=-1)).all()):  # a max shows NaN, +inf and an all-masked row
+        z = logits.float()  # widened exactly (the same order, the same first max): torch's CPU argmax over bf16
+        # took 5× as long (3 × 11 × 51 865 logits: 2.9 against 0.6 ms, AMD EPYC Zen 5)
+        if not bool(torch.isfinite(z.amax(dim=-1)).all()):  # a max shows NaN, +inf and an all-masked row
             raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
-        return logits.argmax(dim=-1), None
+        return z.argmax(dim=-1), None
     assert u is not None, "sampling needs uniforms"
     probs = probs_from_logits(process_logits(logits, params))
     return sample(probs, u), probs
