@@ -119,7 +119,8 @@ def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
 def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     """A model's load on a CPU builds (or loads from the cache) the C++ kernels its steps run, so that no input's
     time holds a build: the products on blocks; attention by rows where exact_rows changes the model (bf16, or an
-    output layer on blocks); the fused layer ops where llama_like then drives it (a Llama, not a GPT-2)."""
+    output layer on blocks); float_rows for its bf16 nn.Linear layers; the fused layer ops where llama_like then
+    drives it (a Llama, not a GPT-2)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     from specdec_cli.decoding import llama_like
@@ -132,8 +133,9 @@ def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     llama = LlamaForCausalLM(LlamaConfig(**small, attn_implementation="sdpa"))
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, attn_implementation="sdpa"))
     assert names(gguf_linear.step_kernels(llama)) == []  # fp32, no blocks: rows compute alike as they are
-    assert names(llama_like.cpu_kernels(LlamaForCausalLM(llama.config).to(torch.bfloat16))) == ["rows_attention", "layer_ops"]
-    assert names(llama_like.cpu_kernels(gpt2.to(torch.bfloat16))) == ["rows_attention"]
+    assert names(llama_like.cpu_kernels(LlamaForCausalLM(llama.config).to(torch.bfloat16))) == [
+        "rows_attention", "float_rows", "layer_ops"]  # bf16 nn.Linear layers: row_linear's KernelLinear
+    assert names(llama_like.cpu_kernels(gpt2.to(torch.bfloat16))) == ["rows_attention", "float_rows"]  # its lm_head
     weights.quantize_linears(llama, "q8_0")  # on blocks (GgufLinear, the output layer too): attention still by rows
     assert names(gguf_linear.step_kernels(llama)) == ["qmatmul", "rows_attention", "layer_ops"]
     called = []
