@@ -98,7 +98,7 @@ void tile_portable(const Call<W>& c, int64_t m0, int mr, int64_t n0, int nr) {
 
 #if FR_X86
 #define AVX2_FN __attribute__((target("avx2,fma")))
-#define AVX512_FN __attribute__((target("avx512f,avx512dq,avx2,fma")))
+#define AVX512_FN __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
 
 // 8 weights from k on, as fp32
 AVX2_FN inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
@@ -217,14 +217,38 @@ AVX512_FN inline void finish2(const Call<W>& c, int64_t m, int64_t n, __m512 a, 
   }
 }
 
+// outputs (m, n0 … n0 + 7) from the accumulators of pairs 0–3 when K has no tail: finish2's steps for 8 outputs in
+// vector lanes (the tree, + bias, then rounded to bf16 as c10::BFloat16 rounds: to nearest even, NaN as 0x7FC0)
+template <typename W>
+AVX512_FN inline void finish8(const Call<W>& c, int64_t m, int64_t n0, const __m512* a) {
+  const __m512i pick = _mm512_setr_epi32(0, 8, 16, 24, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);  // lanes 0, 8 of two
+  const __m512 u01 = _mm512_permutex2var_ps(tree8x2(a[0]), pick, tree8x2(a[1]));
+  const __m512 u23 = _mm512_permutex2var_ps(tree8x2(a[2]), pick, tree8x2(a[3]));
+  __m256 v = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm512_castps512_ps128(u01)), _mm512_castps512_ps128(u23), 1);
+  if (c.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(c.bias + n0));
+  if (!c.yb) return _mm256_storeu_ps(c.y + m * c.N + n0, v);
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i up = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+                                                          _mm256_set1_epi32(0x7FFF)));
+  const __mmask8 nan = _mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m256i r = _mm256_mask_mov_epi32(_mm256_srli_epi32(up, 16), nan, _mm256_set1_epi32(0x7FC0));
+  _mm_storeu_si128((__m128i*)(c.yb + m * c.N + n0), _mm256_cvtepi32_epi16(r));
+}
+
 // R rows of x × 2P rows of W read as they are (a call of few rows: the weights' read is the cost)
 template <int R, int P, typename W>
 AVX512_FN void tile_avx512(const Call<W>& c, int64_t m0, int64_t n0) {
   __m512 a[R][P];
   const int64_t K8 = c.K / 8 * 8;
   fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, 0, K8, nullptr, a);
-  for (int i = 0; i < R; i++)
+  for (int i = 0; i < R; i++) {
+    if constexpr (P == 4)
+      if (K8 == c.K) {
+        finish8(c, m0 + i, n0, a[i]);
+        continue;
+      }
     for (int j = 0; j < P; j++) finish2(c, m0 + i, n0 + 2 * j, a[i][j], K8);
+  }
 }
 
 template <int P, typename W>
@@ -289,9 +313,15 @@ AVX512_FN void block_packed(const Call<W>& c, int64_t n0) {
     else if (c.M - m == 2) chunk_tile<2>(c.x + m * K, K, src, k0, k1, am);
     else if (c.M - m == 1) chunk_tile<1>(c.x + m * K, K, src, k0, k1, am);
   }
-  for (int64_t m = 0; m < c.M; m++)
-    for (int j = 0; j < P; j++)
-      finish2(c, m, n0 + 2 * j, K8 ? _mm512_loadu_ps(acc.data() + (m * P + j) * 16) : _mm512_setzero_ps(), K8);
+  for (int64_t m = 0; m < c.M; m++) {
+    __m512 a[P];
+    for (int j = 0; j < P; j++) a[j] = K8 ? _mm512_loadu_ps(acc.data() + (m * P + j) * 16) : _mm512_setzero_ps();
+    if (K8 == K) {
+      finish8(c, m, n0, a);
+      continue;
+    }
+    for (int j = 0; j < P; j++) finish2(c, m, n0 + 2 * j, a[j], K8);
+  }
 }
 
 template <typename W>
@@ -307,7 +337,9 @@ int detect() {
 #if FR_X86
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return AVX512;
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+    return AVX512;
   if (avx2) return AVX2;
 #endif
   return PORTABLE;

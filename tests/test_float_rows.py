@@ -97,3 +97,12 @@ def test_a_failed_build_keeps_torchs_layers(monkeypatch):
     assert isinstance(exact_rows.row_linear(torch.nn.Linear(64, 20).bfloat16()), exact_rows.RowLinear)
     assert len(said) == 1 and "c++: not found" in str(said[0].message)
     assert float_rows.backend_line().startswith("torch")
+
+
+def test_a_nan_comes_out_alike_on_every_path():
+    w = weight(5, k=64)
+    x = torch.randn(5, 64).bfloat16()
+    x[2, 7] = float("nan")
+    bits = [float_rows.mm(x, w, path=p).view(torch.int16) for p in paths_here()]
+    assert all(torch.equal(b, bits[0]) for b in bits)
+    assert bool(torch.isnan(float_rows.mm(x, w)[2]).all()) and not bool(torch.isnan(float_rows.mm(x, w)[[0, 1, 3, 4]]).any())
