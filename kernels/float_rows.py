@@ -3,8 +3,8 @@
 count or on the SIMD path (AVX-512, AVX2, portable), so a speculative pass's rows are a one-token step's bits; and the
 weights are read once per call, so a batch's step costs about what one row's does (torch's fp32 GEMM read Whisper
 base's output layer at ~5 GB/s for 4 rows, ~11 GB/s for one, on an AVX2 Zen 3). Many rows are bound by the fp32
-multiply-adds: on an AVX-512 BF16 CPU, torch's bf16 product (two multiply-adds an instruction) is faster from ~8 rows
-of a call on (benchmarks/README.md, sixteenth session).
+multiply-adds: on an AVX-512 BF16 CPU, torch's bf16 product (two multiply-adds an instruction) is faster at a batch's
+pass of ~44 rows, float_rows up to ~12 (benchmarks/README.md, sixteenth session).
 
     takes      whether it would run for a weight: on a CPU, fp32 or bf16, 2-D
     runs       ... and it is built here

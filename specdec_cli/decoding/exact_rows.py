@@ -9,8 +9,8 @@ Norms, rotary embeddings and activations compute a row alone. So:
 
     KernelLinear     on a CPU, an fp32 or bf16 linear layer's steps and passes through kernels/float_rows: each row
                      computed alone, the weights read once a call (fp32: 1.1–3.2× torch's product for 1–44 rows of
-                     Whisper base's shapes, 2 threads of an AMD EPYC Zen 3; bf16: 1.3–2× torch's for 1–4 rows,
-                     slower from ~8 on, AMD EPYC Zen 5: benchmarks/README.md, sixteenth session)
+                     Whisper base's shapes, 2 threads of an AMD EPYC Zen 3; bf16: 1.2–1.9× torch's for 1–5 rows,
+                     0.9–1.2× at 9–12, 0.6–0.9× at 44, AMD EPYC Zen 5: benchmarks/README.md, sixteenth session)
     RowLinear        elsewhere (fp16, CUDA, no compiler), a lone row is computed as the first of two (the
                      weights are read once: it costs what one does)
     step_attention   transformers' sdpa, the mask of one query dropped where transformers drops it
