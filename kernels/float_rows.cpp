@@ -17,9 +17,11 @@
 // 8 values twice); the portable path runs the same fmas with std::fma (correctly rounded: the same bits, slowly).
 // -ffp-contract=off: the tree's adds stay adds.
 //
-// Cost: the weights are read from memory once per call whatever M (a block of 4 rows stays in L1 while every row of x
-// passes over it), so a step of one row reads what a pass of eleven does; torch's fp32 GEMM (MKL) read Whisper base's
-// 51 865 × 512 output layer at ~5 GB/s for 4 rows (benchmarks/README.md, fifteenth session).
+// Cost: the weights are read from memory once per call whatever M (a block of 8 rows stays in L1 while every row of x
+// passes over it; with AVX-512 and more than 4 rows, widened once into a buffer, K in chunks of 256, the next block
+// prefetched), so a step of one row reads what a pass of eleven does; torch's fp32 GEMM (MKL) read Whisper base's
+// 51 865 × 512 output layer at ~5 GB/s for 4 rows (benchmarks/README.md, fifteenth session). Many rows are bound by
+// the fp32 multiply-adds (sixteenth session: ~60 % of their peak on a Zen 5).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
