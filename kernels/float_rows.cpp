@@ -185,14 +185,13 @@ struct Pairs {
   AVX512_FN __m512 at(int j, int64_t k) const { return load8x2(w + 2 * j * K + k, K); }
 };
 
-// R rows of x × 2P rows of W over k0 … k1 − 1 (a multiple of 8 apart): accumulator (i, j) holds outputs
-// (m0 + i, n0 + 2j) and (m0 + i, n0 + 2j + 1); it starts at zero, or from and back to acc[(i · P + j) · 16] when given
-template <int R, int P, typename Src>
-AVX512_FN void fmas_avx512(const float* x, int64_t K, const Src& src, int64_t k0, int64_t k1, float* acc,
-                           __m512 (&a)[R][P]) {
+// R rows of x × 2P rows of W over k = 0 … K8 − 1, from zero: accumulator (i, j) holds outputs (m0 + i, n0 + 2j) and
+// (m0 + i, n0 + 2j + 1)
+template <int R, int P, typename W>
+AVX512_FN void fmas_avx512(const float* x, int64_t K, const Pairs<W>& src, int64_t K8, __m512 (&a)[R][P]) {
   for (int i = 0; i < R; i++)
-    for (int j = 0; j < P; j++) a[i][j] = acc ? _mm512_loadu_ps(acc + (i * P + j) * 16) : _mm512_setzero_ps();
-  for (int64_t k = k0; k < k1; k += 8) {
+    for (int j = 0; j < P; j++) a[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
     __m512 xv[R];
     for (int i = 0; i < R; i++) xv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
     for (int j = 0; j < P; j++) {
@@ -242,7 +241,7 @@ template <int R, int P, typename W>
 AVX512_FN void tile_avx512(const Call<W>& c, int64_t m0, int64_t n0) {
   __m512 a[R][P];
   const int64_t K8 = c.K / 8 * 8;
-  fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, 0, K8, nullptr, a);
+  fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, K8, a);
   for (int i = 0; i < R; i++) {
     if constexpr (P == 4)
       if (K8 == c.K) {
@@ -262,22 +261,17 @@ AVX512_FN void rows_avx512(const Call<W>& c, int64_t n0) {
   else if (c.M - m == 1) tile_avx512<1, P>(c, m, n0);
 }
 
-// a block's chunk of W widened and paired once for every tile of x: pair j's 16 values of step s at p[(s · P + j) · 16]
-struct Packed {
-  const float* p;
-  int64_t k0;
-  AVX512_FN __m512 at(int j, int64_t k) const { return _mm512_loadu_ps(p + ((k - k0) / 8 * (BLOCK / 2) + j) * 16); }
-};
-
 constexpr int64_t KC = 256;  // a chunk of K: W's chunk (4 KB) and x's (M · 512 B) stay in L1 while the tiles sweep it
 
+// R rows of x over k0 … k1 − 1 against wp, a block's chunk of W widened and paired once for every tile of x (pair j's
+// 16 values of step s at wp[(s · P + j) · 16]); the accumulators start at zero (k0 = 0) or from acc, and go back there
 template <int R>
-AVX512_FN void chunk_tile(const float* x, int64_t K, const Packed& src, int64_t k0, int64_t k1, float* acc) {
+AVX512_FN void chunk_tile(const float* x, int64_t K, const float* wp, int64_t k0, int64_t k1, float* acc) {
   constexpr int P = BLOCK / 2;
   __m512 a[R][P];
   for (int i = 0; i < R; i++)
     for (int j = 0; j < P; j++) a[i][j] = k0 ? _mm512_loadu_ps(acc + (i * P + j) * 16) : _mm512_setzero_ps();
-  const float* w = src.p;
+  const float* w = wp;
   for (int64_t k = k0; k < k1; k += 8, w += P * 16) {
     __m512 xv[R];
     for (int i = 0; i < R; i++) xv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
@@ -304,7 +298,7 @@ AVX512_FN void block_packed(const Call<W>& c, int64_t n0) {
     const int64_t k1 = std::min(K8, k0 + KC);
     for (int64_t k = k0; k < k1; k += 8)
       for (int j = 0; j < P; j++) _mm512_storeu_ps(wbuf.data() + ((k - k0) / 8 * P + j) * 16, w.at(j, k));
-    const Packed src{wbuf.data(), k0};
+    const float* src = wbuf.data();
     if (n0 + 2 * BLOCK <= c.N)  // the next block's chunk on its way from memory while this one's tiles run
       for (int r = 0; r < BLOCK; r++)
         for (int64_t k = k0; k < k1; k += 64 / sizeof(W)) _mm_prefetch((const char*)(w.w + (BLOCK + r) * K + k), _MM_HINT_T0);

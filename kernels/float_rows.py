@@ -6,8 +6,7 @@ base's output layer at ~5 GB/s for 4 rows, ~11 GB/s for one, on an AVX2 Zen 3). 
 multiply-adds: on an AVX-512 BF16 CPU, torch's bf16 product (two multiply-adds an instruction) is faster at a batch's
 pass of ~44 rows, float_rows up to ~12 (benchmarks/README.md, sixteenth session).
 
-    takes      whether it would run for a weight: on a CPU, fp32 or bf16, 2-D
-    runs       ... and it is built here
+    takes      whether it runs for a weight once built: on a CPU, fp32 or bf16, 2-D
     mm         x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype
     reference  the same product in fp64 (tests: the kernel's error is bounded by its arithmetic)
 
@@ -42,22 +41,18 @@ def backend_line() -> str:
 
 
 def takes(weight: torch.Tensor) -> bool:
-    """Whether mm would run for this weight once built: on a CPU, fp32 or bf16, 2-D."""
+    """Whether mm runs for this weight once built (extension() is not None): on a CPU, fp32 or bf16, 2-D; a layer's
+    every call then takes the same path, whatever its rows."""
     return weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
-
-
-def runs(weight: torch.Tensor) -> bool:
-    """Whether mm runs for this weight (so a layer's every call takes the same path, whatever its rows)."""
-    return takes(weight) and extension() is not None
 
 
 def mm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
     """x [..., K] (fp32 or bf16; others go through fp32) · weight [N, K]ᵀ (+ bias) -> [..., N] in x's dtype, by the
-    C++ kernel (runs() must hold). path: 'portable', 'avx2' or 'avx512'; default the best this CPU has."""
+    C++ kernel (takes() must hold, and the kernel be built). path: 'portable', 'avx2' or 'avx512'; default the best this CPU has."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         return mm(x.float(), weight, bias, path).to(x.dtype)
     ext = extension()
-    assert ext is not None, "float_rows.mm: the kernel did not build (check runs() first)"
+    assert ext is not None, "float_rows.mm: the kernel did not build (check extension() first)"
     return ext.mm(x, weight.contiguous(), bias, PATHS.get(path or "", 0))
 
 

@@ -3,7 +3,8 @@
 CPU flash attention ran it at ~170 GFLOP/s in bf16 on an AMD EPYC Zen 5 (27 ms a layer of Whisper base, 2 threads),
 more than half of the encoder's time (benchmarks/README.md, sixteenth session).
 
-    runs       whether attend takes this call: a CPU with AVX-512, the kernel built, q, k, v [B, H, S, 64] alike
+    cpu_takes  whether this CPU has the AVX-512 path (the kernel is built only there)
+    runs       whether attend takes this call: such a CPU, the kernel built, q, k, v [B, H, S, 64] alike
     attend     q [B, H, T, 64], k, v [B, H, S, 64] (fp32 or bf16, any strides), scale -> [B, T, H, 64] in q's dtype
     reference  the same in fp64 (tests), and error_bound: how far attend may be from it
 
@@ -14,6 +15,7 @@ by WER on the recordings: benchmarks/README.md).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -27,11 +29,18 @@ KERNEL = cpp.Extension("frames_attention", SOURCE, ["-O3", "-ffp-contract=off", 
 HEAD = 64  # the head size it takes (every Whisper size's)
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_takes() -> bool:
+    """Whether this CPU has what the AVX-512 path needs (its flags, read without building the kernel: elsewhere it is
+    neither built nor run, torch's flash attention being the faster there)."""
+    return {"avx512f", "avx512dq", "avx2", "fma"} <= set(cpp.cpu_flags().split())
+
+
 def runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether attend takes these: on a CPU whose AVX-512 path runs (elsewhere torch's flash attention is the faster),
-    built, q, k, v alike [B, H, S, 64] in fp32 or bf16."""
+    """Whether attend takes these: on a CPU whose AVX-512 path runs (cpu_takes, and the kernel built), q, k, v alike
+    [B, H, S, 64] in fp32 or bf16."""
     if not (q.device.type == "cpu" and q.dim() == 4 and q.shape[-1] == HEAD and q.shape == k.shape == v.shape
-            and q.dtype in (torch.float32, torch.bfloat16)):
+            and q.dtype in (torch.float32, torch.bfloat16) and cpu_takes()):
         return False
     ext = KERNEL.module()
     return ext is not None and ext.best_path() == PATHS["avx512"]

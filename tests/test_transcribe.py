@@ -234,22 +234,24 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
     rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run (alone or after
     lookup), float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
-    (the encoder's) always."""
+    (the encoder's) where the CPU has its AVX-512 path."""
+    from specdec_cli.kernels import frames_attention
     from specdec_cli.options import TranscribeOptions
 
     built = []
     monkeypatch.setattr(T, "build_kernels", lambda progress, kernels: built.extend(k.name for k in kernels))
     opts = TranscribeOptions(target=str(tiny_dir), dtype="float32", device="cpu", draft_vocab=150)
     floats = [] if target_int8 else ["float_rows"]
+    frames = ["frames_attention"] if frames_attention.cpu_takes() else []
     _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
     assert draft.lean.weights == "int8"  # fp32: the lean self draft's int4 default is held as int8 rows
-    assert built == ["rows_attention", "int8_rows", *floats, "frames_attention"]
+    assert built == ["rows_attention", "int8_rows", *floats, *frames]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
-    assert built == (["rows_attention", "int8_rows"] if target_int8 else ["rows_attention", "float_rows"]) + ["frames_attention"]
+    assert built == (["rows_attention", "int8_rows"] if target_int8 else ["rows_attention", "float_rows"]) + frames
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft="lookup+self"), progress=False)  # the lean draft inside
-    assert built == ["rows_attention", "int8_rows", *floats, "frames_attention"]
+    assert built == ["rows_attention", "int8_rows", *floats, *frames]
 
 
 def test_a_lone_row_is_computed_as_the_first_of_two():

@@ -40,6 +40,8 @@ bit for bit; models/whisper_decoding.py builds Whisper's decoder from the same p
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 from torch import nn
 
@@ -106,13 +108,19 @@ class KernelLinear(nn.Module):
         return float_rows.mm(x, self.linear.weight, self.linear.bias)
 
 
+def takes_kernel(module: nn.Module) -> TypeGuard[nn.Linear]:
+    """Whether row_linear gives `module` a KernelLinear once kernels/float_rows is built: an nn.Linear whose weight
+    it takes (fp32 or bf16, on a CPU)."""
+    return type(module) is nn.Linear and float_rows.takes(module.weight)
+
+
 def row_linear(linear: nn.Module) -> nn.Module:
-    """For a linear layer (_is_linear): KernelLinear(linear) where kernels/float_rows runs for its weight (an fp32 or
-    bf16 nn.Linear on a CPU), else RowLinear(linear) where needs_rows; anything else is returned as it is."""
+    """For a linear layer (_is_linear): KernelLinear(linear) where takes_kernel and kernels/float_rows is built, else
+    RowLinear(linear) where needs_rows; anything else is returned as it is."""
     weight = getattr(linear, "weight", None)
     if not (_is_linear(linear) and isinstance(weight, torch.Tensor)):
         return linear
-    if type(linear) is nn.Linear and float_rows.runs(weight):
+    if takes_kernel(linear) and float_rows.extension() is not None:
         return KernelLinear(linear)
     return RowLinear(linear) if needs_rows(weight) else linear
 

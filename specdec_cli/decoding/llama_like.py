@@ -27,11 +27,10 @@ speculative output is this model's autoregressive output.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from specdec_cli import internals
 from specdec_cli.decoding.adapters import Decoder
-from specdec_cli.decoding.exact_rows import ROWS, by_rows, exact_rows, fp32_by_rows, needs_rows
+from specdec_cli.decoding.exact_rows import ROWS, by_rows, exact_rows, fp32_by_rows, needs_rows, takes_kernel
 from specdec_cli.kernels import float_rows, layer_ops, rows_attention
 
 # config.model_type of the families whose decoder layer is the one above (no sliding window, no extra norms)
@@ -58,11 +57,11 @@ def applies(model) -> bool:
 
 def cpu_kernels(model) -> tuple:
     """The C++ kernels decoder_for(model)'s steps run on a CPU, besides the products on blocks: attention by rows
-    where exact_rows changes the model, float_rows where it then holds fp32 or bf16 nn.Linear layers (row_linear's
-    rule), and the fused norms and rotary embedding where LlamaLike then drives it."""
+    where exact_rows changes the model, float_rows where it then holds layers row_linear gives a KernelLinear
+    (takes_kernel), and the fused norms and rotary embedding where LlamaLike then drives it."""
     if not by_rows(model):
         return ()
-    linears = any(type(m) is nn.Linear and float_rows.takes(m.weight) for m in model.modules())
+    linears = any(takes_kernel(m) for m in model.modules())
     return (rows_attention.KERNEL, *((float_rows.KERNEL,) if linears else ()),
             *((layer_ops.KERNEL,) if applies(model) else ()))
 

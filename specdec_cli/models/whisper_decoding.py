@@ -46,7 +46,8 @@ def encode(model: LoadedModel, feats: torch.Tensor) -> torch.Tensor:
     encoder = model.model.model.encoder
     if feats.device.type != "cpu":
         return encoder(feats).last_hidden_state
-    encoder = _with_encoder_attention(encoder)
+    if internals.attention_implementation(encoder.config) == "sdpa":
+        encoder = _with_attention(encoder, "specdec_frames", frames_attention, internals.shallow_copy)
     return torch.cat([encoder(feats[i : i + 1]).last_hidden_state for i in range(feats.shape[0])])
 
 
@@ -59,22 +60,6 @@ def frames_attention(module, query, key, value, attention_mask, **kwargs):
         scale = kwargs.get("scaling")
         return kernels_frames.attend(query, key, value, query.shape[-1] ** -0.5 if scale is None else scale), None
     return internals.sdpa_attention(module, query, key, value, attention_mask, **kwargs)
-
-
-def _with_encoder_attention(encoder: nn.Module) -> nn.Module:
-    """A shallow copy of a Whisper encoder (weights shared) whose self-attention runs frames_attention; the encoder
-    itself where it does not run sdpa."""
-    if internals.attention_implementation(encoder.config) != "sdpa":
-        return encoder
-    config = internals.config_with_attention(encoder.config, "specdec_frames", frames_attention)
-    clone = internals.shallow_copy(encoder)
-    clone.layers = nn.ModuleList()
-    for layer in encoder.layers:
-        layer = internals.shallow_copy(layer)
-        layer.self_attn = internals.shallow_copy(layer.self_attn)
-        layer.self_attn.config = config
-        clone.layers.append(layer)
-    return clone
 
 
 @dataclass(frozen=True)
@@ -120,19 +105,20 @@ def cross_kv(layers: Sequence[nn.Module], encoded: torch.Tensor,
     return out
 
 
-def _with_attention(decoder: nn.Module, name: str, fn) -> nn.Module:
-    """A shallow copy of a Whisper decoder (weights and caches shared) whose attention modules run `fn` and
-    whose linear layers compute a lone row as a pass does (decoding/exact_rows.row_linear); its config, hence its masks, stay
-    transformers' sdpa ones."""
-    config = internals.config_with_attention(decoder.config, name, fn)
-    clone = internals.shallow_copy(decoder)
+def _with_attention(stack: nn.Module, name: str, fn, copy=copy_with_row_linears) -> nn.Module:
+    """A shallow copy of a Whisper decoder or encoder (weights and caches shared) whose attention modules run `fn`,
+    each layer and attention module copied by `copy` (by default its linear layers made to compute a lone row as a
+    pass does: decoding/exact_rows.row_linear); its config, hence its masks, stay transformers' sdpa ones."""
+    config = internals.config_with_attention(stack.config, name, fn)
+    clone = internals.shallow_copy(stack)
     clone.layers = nn.ModuleList()
-    for layer in decoder.layers:
-        layer = copy_with_row_linears(layer)
-        for attr in ("self_attn", "encoder_attn"):
-            attn = copy_with_row_linears(getattr(layer, attr))
-            attn.config = config
-            setattr(layer, attr, attn)
+    for layer in stack.layers:
+        layer = copy(layer)
+        for attr in ("self_attn", "encoder_attn"):  # an encoder layer has the first only
+            if hasattr(layer, attr):
+                attn = copy(getattr(layer, attr))
+                attn.config = config
+                setattr(layer, attr, attn)
         clone.layers.append(layer)
     return clone
 
