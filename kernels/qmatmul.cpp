@@ -1156,7 +1156,7 @@ VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1, i
 // registers (load8, chunk8: the integers of the buffered path, no buffer) and its minimums into rb's mm; the float
 // steps those of micro8, in the same order. The result in accm [NR][ROW_TILE][16].
 template <int NR, int MR, int QT>
-VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, float* accm) {
+VNNI_FN void fused8(const Call& c, float* const* mm, int64_t n, int64_t m0, float* accm) {
   const int64_t groups = c.K / 256;
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; r++)
@@ -1173,7 +1173,7 @@ VNNI_FN void fused8(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, flo
       const uint8_t* b = row[r] + g * c.f.block_bytes;
       prefetch(b, c.f.block_bytes, end);
       raw[r] = load8<QT>(b);
-      if constexpr (QT != Q6_K) mins8(raw[r].sm, raw[r].dd, rb[r]->mm.data() + g * 8);
+      if constexpr (QT != Q6_K) mins8(raw[r].sm, raw[r].dd, mm[r] + g * 8);
     }
     __m512i is[NR][MR];  // one chain each: a group's sums do not wait for the last group's
     for (int r = 0; r < NR; r++)
@@ -1257,38 +1257,79 @@ VNNI_FN void small32(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
 constexpr int TILE_ROWS = 12, TILE_ROWS_Q6 = 8;
 
 template <int QT>
-VNNI_FN void small8_t(const Call& c, RowBuf* const* rb, int64_t n, int64_t m0, int64_t mt, float* accm) {
+VNNI_FN void small8_t(const Call& c, float* const* mm, int64_t n, int64_t m0, int64_t mt, float* accm) {
   switch (mt) {
-    case 1: return fused8<1, 1, QT>(c, rb, n, m0, accm);
-    case 2: return fused8<1, 2, QT>(c, rb, n, m0, accm);
-    case 3: return fused8<1, 3, QT>(c, rb, n, m0, accm);
-    case 4: return fused8<1, 4, QT>(c, rb, n, m0, accm);
-    case 5: return fused8<1, 5, QT>(c, rb, n, m0, accm);
-    case 6: return fused8<1, 6, QT>(c, rb, n, m0, accm);
-    case 7: return fused8<1, 7, QT>(c, rb, n, m0, accm);
-    case 8: return fused8<1, 8, QT>(c, rb, n, m0, accm);
+    case 1: return fused8<1, 1, QT>(c, mm, n, m0, accm);
+    case 2: return fused8<1, 2, QT>(c, mm, n, m0, accm);
+    case 3: return fused8<1, 3, QT>(c, mm, n, m0, accm);
+    case 4: return fused8<1, 4, QT>(c, mm, n, m0, accm);
+    case 5: return fused8<1, 5, QT>(c, mm, n, m0, accm);
+    case 6: return fused8<1, 6, QT>(c, mm, n, m0, accm);
+    case 7: return fused8<1, 7, QT>(c, mm, n, m0, accm);
+    case 8: return fused8<1, 8, QT>(c, mm, n, m0, accm);
   }
   if constexpr (QT != Q6_K) {
     switch (mt) {
-      case 9: return fused8<1, 9, QT>(c, rb, n, m0, accm);
-      case 10: return fused8<1, 10, QT>(c, rb, n, m0, accm);
-      case 11: return fused8<1, 11, QT>(c, rb, n, m0, accm);
-      case 12: return fused8<1, 12, QT>(c, rb, n, m0, accm);
+      case 9: return fused8<1, 9, QT>(c, mm, n, m0, accm);
+      case 10: return fused8<1, 10, QT>(c, mm, n, m0, accm);
+      case 11: return fused8<1, 11, QT>(c, mm, n, m0, accm);
+      case 12: return fused8<1, 12, QT>(c, mm, n, m0, accm);
     }
   }
 }
 
 // Every row of the call, in as few tiles of ≤ TILE_ROWS (Q6_K: TILE_ROWS_Q6) rows as there can be, of sizes as
 // equal as they can be (Q6_K, 9 rows: 5 + 4)
-VNNI_FN void small8(const Call& c, RowBuf* const* rb, int64_t n, float* accm) {
+VNNI_FN void small8(const Call& c, float* mm, int64_t n, float* accm) {
   const int most = c.qtype == Q6_K ? TILE_ROWS_Q6 : TILE_ROWS;
   const int64_t tiles = (c.M + most - 1) / most;
   for (int64_t t = 0, m0 = 0; t < tiles; t++) {
     const int64_t mt = (c.M - m0) / (tiles - t);
-    if (c.qtype == Q6_K) small8_t<Q6_K>(c, rb, n, m0, mt, accm);
-    else if (c.qtype == Q5_K) small8_t<Q5_K>(c, rb, n, m0, mt, accm);
-    else small8_t<Q4_K>(c, rb, n, m0, mt, accm);
+    float* const one[1] = {mm};
+    if (c.qtype == Q6_K) small8_t<Q6_K>(c, one, n, m0, mt, accm);
+    else if (c.qtype == Q5_K) small8_t<Q5_K>(c, one, n, m0, mt, accm);
+    else small8_t<Q4_K>(c, one, n, m0, mt, accm);
     m0 += mt;
+  }
+}
+
+// tree16 of each of 16 vectors, in vector lanes: lane j = tree16(a[j]) (the same adds of the same pairs)
+VNNI_FN inline __attribute__((always_inline)) __m512 tree16x16(const __m512 (&a)[16]) {
+  __m512 b[8], t[4], u[2];
+  for (int s = 0; s < 8; s++)  // rows 2s, 2s + 1: lanes l + l + 8, by halves
+    b[s] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0x44), _mm512_shuffle_f32x4(a[2 * s], a[2 * s + 1], 0xEE));
+  for (int s = 0; s < 4; s++)  // rows 4s .. 4s + 3, a 128-bit lane each: + 4
+    t[s] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * s], b[2 * s + 1], 0x88), _mm512_shuffle_f32x4(b[2 * s], b[2 * s + 1], 0xDD));
+  for (int s = 0; s < 2; s++)  // + 2: 128-bit lane q holds rows 8s + q and 8s + 4 + q
+    u[s] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * s], t[2 * s + 1], 0x44), _mm512_shuffle_ps(t[2 * s], t[2 * s + 1], 0xEE));
+  // + 1: element 4q + i holds row 4i + q
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), e);
+}
+
+// 16 values rounded to bf16 as c10 rounds them (to nearest, ties to even; a NaN 0x7FC0)
+VNNI_FN inline __m256i bf16_c10(__m512 v) {
+  __m512i b = _mm512_castps_si512(v);
+  b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
+  return _mm256_mask_blend_epi16((__mmask16)_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)),
+                                 _mm256_set1_epi16(0x7FC0));
+}
+
+// Outputs n .. n + 15 of every row (finish_rows' steps, 16 weight rows in vector lanes), from acc [16][M][16] and
+// the minimums' lanes mn [16][M][16] (min_lanes_avx512's)
+VNNI_FN void finish16(const Call& c, const float* mn, int64_t n, const float* acc) {
+  for (int64_t m = 0; m < c.M; m++) {
+    __m512 a[16];
+    for (int j = 0; j < 16; j++) a[j] = _mm512_load_ps(acc + (j * c.M + m) * 16);
+    __m512 y = tree16x16(a);
+    if (c.f.kmin || c.f.lmin) {
+      for (int j = 0; j < 16; j++) a[j] = _mm512_load_ps(mn + (j * c.M + m) * 16);
+      const __m512 ymn = tree16x16(a);
+      y = c.f.kmin ? _mm512_sub_ps(y, ymn) : _mm512_add_ps(y, ymn);
+    }
+    if (c.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(c.bias + n));
+    if (c.yb) _mm256_storeu_si256((__m256i*)(c.yb + m * c.N + n), bf16_c10(y));
+    else _mm512_storeu_ps(c.y + m * c.N + n, y);
   }
 }
 
@@ -1355,11 +1396,23 @@ VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
   RowBuf b0(c), b1(c);
   RowBuf* rb[2] = {&b0, &b1};
   alignas(64) float accm[2 * ROW_TILE * 16];  // [NR][ROW_TILE] zmm
+  alignas(64) float acc16[16 * SMALL_ROWS * 16];  // [16][M][16]: 16 weight rows' (finish16)
+  alignas(64) float mn16[16 * SMALL_ROWS * 16];  // [16][M][16]: their minimums' lanes
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
-    if (c.f.G == 256 && c.M <= SMALL_ROWS) {
-      for (int64_t n = n0; n < n1; n++) {
-        small8(c, rb, n, accm);
+    if (c.f.G == 256 && c.M <= SMALL_ROWS) {  // 16 weight rows at a time, finished together; the rest alone
+      int64_t n = n0;
+      for (; n + 16 <= n1; n += 16) {
+        for (int j = 0; j < 16; j++) {
+          small8(c, b0.mm.data(), n + j, acc16 + j * c.M * 16);
+          if (c.f.kmin)
+            for (int64_t m = 0; m < c.M; m++)
+              _mm512_store_ps(mn16 + (j * c.M + m) * 16, min_lanes_avx512(b0.mm.data(), c.xsd + m * c.S16, c.S16));
+        }
+        finish16(c, mn16, n, acc16);
+      }
+      for (; n < n1; n++) {
+        small8(c, b0.mm.data(), n, accm);
         finish_rows(c, b0, n, 0, c.M, accm);
       }
       continue;
