@@ -1,10 +1,13 @@
-// out = softmax(q · kᵀ · scale) · v over every key, no mask, for many queries at once on a CPU: a Whisper encoder's
-// self-attention over its 1 500 frames (heads 64 wide). The plain reference is frames_attention.py's reference().
+// out = softmax(q · kᵀ · scale) · v for many queries at once on a CPU, heads 64 or 128 wide: a Whisper encoder's
+// self-attention over its 1 500 frames (every key, no mask), or a prompt's (causal: query t of T sees keys 0 .. S − T
+// + t; grouped heads: q's head h reads k, v's head h / (H / Hkv)). The plain reference is frames_attention.py's
+// reference().
 //
 // Per (batch, head): K is widened to fp32 and transposed once by 16 keys ([S/16, D, 16]: 16 keys' d-th values in one
 // vector, a block of keys 4 KB in a row), V widened
-// ([S, D]); queries go by tiles of 4 rows, each row's scores over all S keys kept whole in L1 (a two-pass softmax: the
-// row's max, then exp and their sum, no rescaling), then P · V with the tile's 4 × 64 outputs in 16 zmm registers.
+// ([S, D]); queries go by tiles of 4 rows, each row's scores over its keys kept whole in L1 (a two-pass softmax: the
+// row's max, then exp and their sum, no rescaling), then P · V with the tile's 4 × 64 outputs in 16 zmm registers
+// (D = 128: two halves, one after the other).
 // Every sum is fp32 (fused multiply-adds), exp a degree-7 polynomial after range reduction (within a few ulp), the
 // output rounded once to q's dtype. torch's CPU flash attention took 27 ms a layer for Whisper base's 8 heads × 1 500
 // frames in bf16 (~170 GFLOP/s, 2 threads of an AMD EPYC Zen 5): the encoder's largest cost.
@@ -30,31 +33,32 @@
 namespace {
 
 enum Path { AUTO = 0, PORTABLE = 1, AVX512 = 3 };
-constexpr int R = 4;      // query rows a tile
-constexpr int64_t D = 64; // head size
+constexpr int R = 4;  // query rows a tile
 
 struct Head {
   const float* kt;  // [⌈S/16⌉, D, 16] fp32: each 16 keys' d-th values together (zeros past S)
   const float* v;   // [S, D] fp32
-  int64_t S;
+  int64_t S;        // the keys a row may see (the tile's last row's), and the stride of the scores' rows
+  int64_t end[R];   // row i sees keys 0 .. end[i] (≤ S)
 };
 
 // rows q[0 .. r) (fp32, scaled, [r, D]) → o[r, D] (fp32, normalized)
+template <int64_t D>
 void rows_portable(const Head& h, const float* q, int r, float* s, float* o) {
   for (int i = 0; i < r; i++) {
     float* si = s + i * h.S;
     float mx = -INFINITY;
-    for (int64_t j = 0; j < h.S; j++) {
+    for (int64_t j = 0; j < h.end[i]; j++) {
       float a = 0;
       for (int64_t d = 0; d < D; d++) a = std::fma(q[i * D + d], h.kt[(j / 16 * D + d) * 16 + j % 16], a);
       si[j] = a;
       mx = std::max(mx, a);
     }
     float l = 0;
-    for (int64_t j = 0; j < h.S; j++) l += (si[j] = std::exp(si[j] - mx));
+    for (int64_t j = 0; j < h.end[i]; j++) l += (si[j] = std::exp(si[j] - mx));
     for (int64_t d = 0; d < D; d++) {
       float a = 0;
-      for (int64_t j = 0; j < h.S; j++) a = std::fma(si[j], h.v[j * D + d], a);
+      for (int64_t j = 0; j < h.end[i]; j++) a = std::fma(si[j], h.v[j * D + d], a);
       o[i * D + d] = a / l;
     }
   }
@@ -75,8 +79,8 @@ AVX512_FN inline __m512 exp_neg(__m512 x) {
 }
 
 // the scores of RR rows against the NB blocks of 16 keys from j (NB·RR chains of fused multiply-adds: two blocks keep
-// both FMA pipes busy through their latency), stored, and the running max
-template <int RR, int NB>
+// both FMA pipes busy through their latency), stored, and the running max over the keys each row sees
+template <int64_t D, int RR, int NB>
 AVX512_FN inline void scores(const Head& h, const float* q, float* s, int64_t j, __m512 (&mx)[RR]) {
   const int64_t S = h.S;
   __m512 a[RR][NB];
@@ -89,25 +93,27 @@ AVX512_FN inline void scores(const Head& h, const float* q, float* s, int64_t j,
     }
   for (int b = 0; b < NB; b++) {
     const int64_t jb = j + 16 * b;
-    const __mmask16 m = jb + 16 <= S ? (__mmask16)0xFFFF : (__mmask16)((1u << (S - jb)) - 1);
     for (int i = 0; i < RR; i++) {
+      const int64_t e = h.end[i];
+      const __mmask16 m = jb + 16 <= e ? (__mmask16)0xFFFF : jb >= e ? (__mmask16)0 : (__mmask16)((1u << (e - jb)) - 1);
       _mm512_mask_storeu_ps(s + i * S + jb, m, a[i][b]);
       mx[i] = _mm512_mask_max_ps(mx[i], m, mx[i], a[i][b]);
     }
   }
 }
 
-template <int RR>
+template <int64_t D, int RR>
 AVX512_FN void rows_avx512(const Head& h, const float* q, float* s, float* o) {
-  const int64_t S = h.S, S16 = S / 16 * 16;
-  const __mmask16 tail = (__mmask16)((1u << (S - S16)) - 1);
+  const int64_t S = h.S;
   __m512 mx[RR];
   for (int i = 0; i < RR; i++) mx[i] = _mm512_set1_ps(-INFINITY);
   int64_t j = 0;
-  for (; j + 32 <= S; j += 32) scores<RR, 2>(h, q, s, j, mx);
-  for (; j < S; j += 16) scores<RR, 1>(h, q, s, j, mx);
+  for (; j + 32 <= S; j += 32) scores<D, RR, 2>(h, q, s, j, mx);
+  for (; j < S; j += 16) scores<D, RR, 1>(h, q, s, j, mx);
   float inv[RR];
   for (int i = 0; i < RR; i++) {
+    const int64_t e = h.end[i], S16 = e / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (e - S16)) - 1);
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx[i]));
     __m512 l = _mm512_setzero_ps();
     float* si = s + i * S;
@@ -122,21 +128,25 @@ AVX512_FN void rows_avx512(const Head& h, const float* q, float* s, float* o) {
       l = _mm512_mask_add_ps(l, tail, l, p);
     }
     inv[i] = 1.0f / _mm512_reduce_add_ps(l);
+    std::fill(si + e, si + S, 0.f);  // the keys after the row's own (causal): weight 0 in P · V
   }
-  // P · V: each key's 64 values in 4 vectors, against each row's weight for it
-  __m512 acc[RR][4];
-  for (int i = 0; i < RR; i++)
-    for (int c = 0; c < 4; c++) acc[i][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < S; j++) {
-    __m512 vj[4];
-    for (int c = 0; c < 4; c++) vj[c] = _mm512_loadu_ps(h.v + j * D + 16 * c);
-    for (int i = 0; i < RR; i++) {
-      const __m512 p = _mm512_set1_ps(s[i * S + j]);
-      for (int c = 0; c < 4; c++) acc[i][c] = _mm512_fmadd_ps(p, vj[c], acc[i][c]);
+  // P · V: 64 of each key's values in 4 vectors, against each row's weight for it
+  for (int64_t half = 0; half < D; half += 64) {
+    __m512 acc[RR][4];
+    for (int i = 0; i < RR; i++)
+      for (int c = 0; c < 4; c++) acc[i][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < S; j++) {
+      __m512 vj[4];
+      for (int c = 0; c < 4; c++) vj[c] = _mm512_loadu_ps(h.v + j * D + half + 16 * c);
+      for (int i = 0; i < RR; i++) {
+        const __m512 p = _mm512_set1_ps(s[i * S + j]);
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm512_fmadd_ps(p, vj[c], acc[i][c]);
+      }
     }
+    for (int i = 0; i < RR; i++)
+      for (int c = 0; c < 4; c++)
+        _mm512_storeu_ps(o + i * D + half + 16 * c, _mm512_mul_ps(acc[i][c], _mm512_set1_ps(inv[i])));
   }
-  for (int i = 0; i < RR; i++)
-    for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + i * D + 16 * c, _mm512_mul_ps(acc[i][c], _mm512_set1_ps(inv[i])));
 }
 #endif  // FA_X86
 
@@ -155,21 +165,11 @@ int best_path() {
   return p;
 }
 
-// q [B, H, T, D], k, v [B, H, S, D] (any strides; fp32 or bf16), scale → [B, T, H, D] in q's dtype
-torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t path) {
-  if (path == AUTO) path = best_path();
-  TORCH_CHECK(path == PORTABLE || path == best_path(), "frames_attention: path ", path, " does not run on this CPU");
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && k.dim() == 4 && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
-              q.size(3) == D && k.size(3) == D && k.size(2) > 0, "frames_attention: q [B, H, T, 64], k, v [B, H, S, 64]");
-  TORCH_CHECK(q.device().is_cpu(), "frames_attention: CPU tensors only");
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2);
-  // fp32 copies: q scaled [B, H, T, D], k transposed [B, H, D, S], v [B, H, S, D]
-  auto qf = (q.to(at::kFloat) * scale).contiguous();
-  const int64_t S16 = (S + 15) / 16 * 16;
-  auto kt = at::constant_pad_nd(k.to(at::kFloat), {0, 0, 0, S16 - S})  // [B, H, S16, D] → [B, H, S16/16, D, 16]
-                .view({B, H, S16 / 16, 16, D}).transpose(3, 4).contiguous();
-  auto vf = v.to(at::kFloat).contiguous();
-  auto out = torch::empty({B, T, H, D}, q.options().dtype(at::kFloat));
+template <int64_t D>
+void attend_d(const torch::Tensor& qf, const torch::Tensor& kt, const torch::Tensor& vf, torch::Tensor& out, bool causal,
+              int64_t path) {
+  const int64_t B = qf.size(0), H = qf.size(1), T = qf.size(2), Hkv = vf.size(1), S = vf.size(2);
+  const int64_t S16 = (S + 15) / 16 * 16, group = H / Hkv;
   const int64_t tiles = (T + R - 1) / R, units = B * H * tiles;
   const float *qp = qf.data_ptr<float>(), *kp = kt.data_ptr<float>(), *vp = vf.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -178,27 +178,49 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double s
     for (int64_t u = u0; u < u1; u++) {
       const int64_t bh = u / tiles, m0 = (u % tiles) * R;
       const int r = (int)std::min<int64_t>(R, T - m0);
-      const Head h{kp + bh * D * S16, vp + bh * S * D, S};
+      const int64_t b = bh / H, hh = bh % H, kv = b * Hkv + hh / group;
+      Head h{kp + kv * D * S16, vp + kv * S * D, causal ? S - T + m0 + r : S, {}};
+      for (int i = 0; i < R; i++) h.end[i] = causal ? std::min(h.S, S - T + m0 + i + 1) : S;
       const float* qr = qp + (bh * T + m0) * D;
 #if FA_X86
       if (path == AVX512) {
-        if (r == 4) rows_avx512<4>(h, qr, s.data(), o.data());
-        else if (r == 3) rows_avx512<3>(h, qr, s.data(), o.data());
-        else if (r == 2) rows_avx512<2>(h, qr, s.data(), o.data());
-        else rows_avx512<1>(h, qr, s.data(), o.data());
+        if (r == 4) rows_avx512<D, 4>(h, qr, s.data(), o.data());
+        else if (r == 3) rows_avx512<D, 3>(h, qr, s.data(), o.data());
+        else if (r == 2) rows_avx512<D, 2>(h, qr, s.data(), o.data());
+        else rows_avx512<D, 1>(h, qr, s.data(), o.data());
       } else
 #endif
-        rows_portable(h, qr, r, s.data(), o.data());
-      const int64_t b = bh / H, hh = bh % H;
+        rows_portable<D>(h, qr, r, s.data(), o.data());
       for (int i = 0; i < r; i++) std::copy(o.data() + i * D, o.data() + (i + 1) * D, op + ((b * T + m0 + i) * H + hh) * D);
     }
   });
+}
+
+// q [B, H, T, D], k, v [B, Hkv, S, D] (H a multiple of Hkv; any strides; fp32 or bf16; D 64 or 128), scale, causal
+// (S ≥ T) → [B, T, H, D] in q's dtype
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool causal, int64_t path) {
+  if (path == AUTO) path = best_path();
+  TORCH_CHECK(path == PORTABLE || path == best_path(), "frames_attention: path ", path, " does not run on this CPU");
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && k.dim() == 4 && q.size(0) == k.size(0) && k.size(1) > 0 &&
+              q.size(1) % k.size(1) == 0 && q.size(3) == k.size(3) && (q.size(3) == 64 || q.size(3) == 128) &&
+              k.size(2) > 0 && (!causal || k.size(2) >= q.size(2)),
+              "frames_attention: q [B, H, T, D], k, v [B, Hkv, S, D] with Hkv dividing H, D 64 or 128 (causal: S ≥ T)");
+  TORCH_CHECK(q.device().is_cpu(), "frames_attention: CPU tensors only");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Hkv = k.size(1), S = k.size(2), D = q.size(3);
+  // fp32 copies: q scaled [B, H, T, D], k transposed [B, Hkv, S16/16, D, 16], v [B, Hkv, S, D]
+  auto qf = (q.to(at::kFloat) * scale).contiguous();
+  const int64_t S16 = (S + 15) / 16 * 16;
+  auto kt = at::constant_pad_nd(k.to(at::kFloat), {0, 0, 0, S16 - S}).view({B, Hkv, S16 / 16, 16, D}).transpose(3, 4).contiguous();
+  auto vf = v.to(at::kFloat).contiguous();
+  auto out = torch::empty({B, T, H, D}, q.options().dtype(at::kFloat));
+  if (D == 64) attend_d<64>(qf, kt, vf, out, causal, path);
+  else attend_d<128>(qf, kt, vf, out, causal, path);
   return out.to(q.scalar_type());
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attend", &attend, "softmax(q · kᵀ · scale) · v over every key, [B, S, H, D]");
+  m.def("attend", &attend, "softmax(q · kᵀ · scale) · v, over every key or causal: [B, T, H, D]");
   m.def("best_path", &best_path, "the SIMD path this CPU runs (1 portable, 3 AVX-512)");
 }

@@ -1,5 +1,6 @@
-"""kernels/frames_attention: the encoder's attention within its fp32 arithmetic's bound of the fp64 result, on every
-path this CPU runs (the portable path on any CPU); the rows of a tile do not depend on each other."""
+"""kernels/frames_attention: the encoder's attention and a prompt's (causal, grouped heads, 128 wide) within its fp32
+arithmetic's bound of the fp64 result, on every path this CPU runs (the portable path on any CPU); the rows of a tile
+do not depend on each other."""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ def paths_here() -> list[str]:
     return [p for p, n in fa.PATHS.items() if n <= best]
 
 
-def qkv(seed: int, B=2, H=3, S=75, dtype=torch.float32):
+def qkv(seed: int, B=2, H=3, S=75, dtype=torch.float32, D=64):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, H, S, fa.HEAD, generator=g) * 2 for _ in range(3))
+    q, k, v = (torch.randn(B, H, S, D, generator=g) * 2 for _ in range(3))
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 @pytest.mark.parametrize("S", [1, 3, 16, 75, 257])  # tiles of 4 rows and 16 keys, and what is left after them
 def test_within_the_arithmetics_bound(S):
     q, k, v = qkv(0, S=S)
-    scale = fa.HEAD ** -0.5
+    scale = 64 ** -0.5
     ref, _ = fa.reference(q, k, v, scale)
     bound = fa.error_bound(q, k, v, scale)
     for p in paths_here():
@@ -34,6 +35,29 @@ def test_within_the_arithmetics_bound(S):
         err = (got - ref).abs()
         assert bool((err <= bound).all()), (p, float((err / bound).max()))
         assert S == 1 or float(err.max()) > 0  # rounded: not vacuous (one key: its values exactly)
+
+
+@pytest.mark.parametrize("T, S", [(1, 1), (5, 5), (37, 37), (18, 53), (70, 70)])
+def test_causal_grouped_heads_128_wide_within_the_bound(T, S):
+    """A prompt's attention (Qwen2.5 1.5B: 12 query heads over 2 of K and V, 128 wide): query t sees keys 0 .. S − T + t
+    (T < S: a prompt's second chunk), so a key after it changes nothing."""
+    g = torch.Generator().manual_seed(T + S)
+    q = torch.randn(1, 6, T, 128, generator=g) * 2
+    k, v = (torch.randn(1, 2, S, 128, generator=g) * 2 for _ in range(2))
+    scale = 128 ** -0.5
+    ref, _ = fa.reference(q, k, v, scale, causal=True)
+    bound = fa.error_bound(q, k, v, scale, causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, -1] += 50
+    v2[:, :, -1] -= 50  # the last key: seen by the last query only
+    for p in paths_here():
+        got = fa.attend(q, k, v, scale, causal=True, path=p)
+        assert got.shape == (1, T, 6, 128)
+        assert bool(((got.double() - ref).abs() <= bound).all()), (p, float(((got.double() - ref).abs() / bound).max()))
+        moved = fa.attend(q, k2, v2, scale, causal=True, path=p)
+        assert torch.equal(moved[:, :-1], got[:, :-1]) and not torch.equal(moved[:, -1], got[:, -1]), p
+    if fa.runs(q, k, v, causal=True):
+        assert not fa.runs(q, k[:, :, :T - 1], v[:, :, :T - 1], causal=True) or T == 1  # fewer keys than queries
 
 
 def test_bf16_in_any_strides_comes_back_bf16_within_its_rounding():
@@ -70,7 +94,7 @@ def test_the_encoders_attention_function_takes_what_the_kernel_takes():
     q, k, v = qkv(4, B=1, H=2, S=20)
     module = torch.nn.Module()
     out, weights = wd.frames_attention(module, q, k, v, None, scaling=0.5, dropout=0.0)
-    assert weights is None and out.shape == (1, 20, 2, fa.HEAD)
+    assert weights is None and out.shape == (1, 20, 2, 64)
     if fa.runs(q, k, v):
         assert torch.equal(out, fa.attend(q, k, v, 0.5))
     mask = torch.zeros(1, 1, 20, 20)

@@ -120,10 +120,11 @@ def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     """A model's load on a CPU builds (or loads from the cache) the C++ kernels its steps run, so that no input's
     time holds a build: the products on blocks; attention by rows where exact_rows changes the model (bf16, or an
     output layer on blocks); float_rows for its bf16 nn.Linear layers; the fused layer ops where llama_like then
-    drives it (a Llama, not a GPT-2)."""
+    drives it (a Llama, not a GPT-2), and a prompt's attention there where its heads are 64 or 128 wide."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     from specdec_cli.decoding import llama_like
+    from specdec_cli.kernels import frames_attention
     from specdec_cli.models import gguf_linear, progress, weights
 
     def names(kernels):
@@ -136,6 +137,10 @@ def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     assert names(llama_like.cpu_kernels(LlamaForCausalLM(llama.config).to(torch.bfloat16))) == [
         "rows_attention", "float_rows", "layer_ops"]  # bf16 nn.Linear layers: row_linear's KernelLinear
     assert names(llama_like.cpu_kernels(gpt2.to(torch.bfloat16))) == ["rows_attention", "float_rows"]  # its lm_head
+    wide = LlamaForCausalLM(LlamaConfig(**{**small, "hidden_size": 128}, attn_implementation="sdpa"))  # heads 64 wide
+    prompt = ["frames_attention"] if frames_attention.cpu_takes() else []  # a prompt's attention, on AVX-512
+    assert names(llama_like.cpu_kernels(wide.to(torch.bfloat16))) == [
+        "rows_attention", "float_rows", "layer_ops", *prompt]
     weights.quantize_linears(llama, "q8_0")  # on blocks (GgufLinear, the output layer too): attention still by rows
     assert names(gguf_linear.step_kernels(llama)) == ["qmatmul", "rows_attention", "layer_ops"]
     called = []

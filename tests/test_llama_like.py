@@ -162,3 +162,43 @@ def test_a_bf16_draft_is_driven_by_llama_like():
     spec = generate(target, draft, PROMPT, mode="exact", gamma=4, gamma_schedule="constant", max_new_tokens=24)
     assert spec.tokens == alone.tokens and len(alone.tokens[0]) == 24
     assert spec.stats.target_calls < 24  # the draft's tokens were accepted: it drafts the target's continuation
+
+
+def test_a_long_prompt_attends_through_frames_attention_where_it_runs(monkeypatch):
+    """Heads 64 wide on an AVX-512 CPU: a prompt's chunks longer than a pass attend by kernels/frames_attention
+    (causal, grouped heads: the second chunk sees the first's keys), steps and passes by rows as before. Its logits
+    are no farther from the same model's in fp32 than twice transformers' own bf16 run's (the kernel's error alone is
+    checked against fp64 in test_frames_attention.py), and a pass still gives every row a step's bits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_cli.kernels import frames_attention
+
+    torch.manual_seed(0)
+    fp32 = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, initializer_range=0.1,
+                                        attn_implementation="sdpa")).eval()
+    target = LlamaForCausalLM(fp32.config).eval()
+    target.load_state_dict(fp32.state_dict())
+    target = target.to(torch.bfloat16)
+    lean = decoder_for(target)
+    calls = []
+    attend = frames_attention.attend
+    monkeypatch.setattr(frames_attention, "attend", lambda q, *a, **k: calls.append(q.shape[2]) or attend(q, *a, **k))
+    tokens = torch.randint(0, 64, (1, 2 * ROWS + 6), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(tokens.shape[1])[None]
+    cut = ROWS + 2
+    got = _run(lean, tokens, None, positions, cut)
+    want = _run(Decoder(exact_rows(target)), tokens, None, positions, cut)
+    exact = _run(Decoder(fp32), tokens, None, positions, cut)
+    taken = frames_attention.cpu_takes() and frames_attention.KERNEL.module() is not None
+    rest = tokens.shape[1] - cut  # more rows than a pass: a prompt's second chunk
+    assert calls == ([cut] * 6 + [rest] * 2 if taken else [])  # the first chunk thrice, the second once; × 2 layers
+    for g, w, e in zip(got, want, exact, strict=True):
+        assert g.shape == w.shape
+        assert float((g.double() - e.double()).norm()) <= 2 * float((w.double() - e.double()).norm())
+    with torch.inference_mode():  # the pass over the rest against its steps, after the kernel's prompt
+        lean.prefill(tokens[:, :cut], None, positions[:, :cut])
+        steps = torch.cat([lean.forward(tokens[:, t : t + 1], None, positions[:, t : t + 1])
+                           for t in range(cut, cut + 5)], 1)
+        lean.crop(cut)
+        assert torch.equal(lean.forward(tokens[:, cut : cut + 5], None, positions[:, cut : cut + 5]), steps)

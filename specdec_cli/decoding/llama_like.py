@@ -6,8 +6,8 @@ arithmetic, minus what a step pays for besides them.
                      x = h + down(act(gate(n2(h))) · up(n2(h)))
                  then the final norm and the output layer over the rows kept; n1, n2 RMS norms, rope from the
                  model's own rotary module (every rope type it knows), attention exact_rows.fp32_by_rows (each row
-                 as a step computes it; a prompt through sdpa), K and V in a preallocated cache (no concatenation a
-                 step, a crop only moves the length).
+                 as a step computes it; a prompt through kernels/frames_attention on an AVX-512 CPU, else sdpa), K
+                 and V in a preallocated cache (no concatenation a step, a crop only moves the length).
     decoder_for  the Decoder the loop drives a target by: LlamaLike(exact_rows(model)) where it applies, else
                  Decoder(exact_rows(model)).
     draft_decoder  the same for a draft model, without exact_rows (a draft's rows need not compute alike).
@@ -31,7 +31,7 @@ import torch
 from specdec_cli import internals
 from specdec_cli.decoding.adapters import Decoder
 from specdec_cli.decoding.exact_rows import ROWS, by_rows, exact_rows, fp32_by_rows, needs_rows, takes_kernel
-from specdec_cli.kernels import float_rows, layer_ops, rows_attention
+from specdec_cli.kernels import float_rows, frames_attention, layer_ops, rows_attention
 
 # config.model_type of the families whose decoder layer is the one above (no sliding window, no extra norms)
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -58,12 +58,15 @@ def applies(model) -> bool:
 def cpu_kernels(model) -> tuple:
     """The C++ kernels decoder_for(model)'s steps run on a CPU, besides the products on blocks: attention by rows
     where exact_rows changes the model, float_rows where it then holds layers row_linear gives a KernelLinear
-    (takes_kernel), and the fused norms and rotary embedding where LlamaLike then drives it."""
+    (takes_kernel), and the fused norms, the rotary embedding and (an AVX-512 CPU, heads it takes) a prompt's
+    attention where LlamaLike then drives it."""
     if not by_rows(model):
         return ()
     linears = any(takes_kernel(m) for m in model.modules())
+    lean = applies(model)
+    prompt = lean and frames_attention.cpu_takes() and model.model.layers[0].self_attn.head_dim in frames_attention.HEADS
     return (rows_attention.KERNEL, *((float_rows.KERNEL,) if linears else ()),
-            *((layer_ops.KERNEL,) if applies(model) else ()))
+            *((layer_ops.KERNEL,) if lean else ()), *((frames_attention.KERNEL,) if prompt else ()))
 
 
 def decoder_for(model) -> Decoder:
@@ -173,6 +176,8 @@ class LlamaLike(Decoder):
             q = self.ops.rope_store(q, k, v, cos, sin, self.keys[i], self.values[i], start)  # [B, heads, T, hd]
             keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
             a = rows_attention.attend(q, keys, values, shown, attn.scaling) if T <= ROWS else None  # exact_rows'
+            if a is None and T > ROWS and not holes and frames_attention.runs(q, keys, values, causal=True):
+                a = frames_attention.attend(q, keys, values, attn.scaling, causal=True)  # a prompt's, every mode's
             if a is None:  # kernel_rows, without its checks: a CPU, no dropout, a bool mask or none
                 a, _ = fp32_by_rows(attn, q, keys, values, shown, dropout=0.0, scaling=attn.scaling)
             x, h = self.ops.add_rms(x, o(a.reshape(B, T, -1)), n2)  # a [B, T, heads, hd]

@@ -208,8 +208,8 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
 
 def step_kernels(model: nn.Module) -> tuple:
     """The C++ kernels a step of `model` runs on a CPU: the products where it holds GgufLinear layers, then
-    llama_like.cpu_kernels (attention by rows, and the fused norms and rotary embedding where decoding/llama_like
-    drives the model)."""
+    llama_like.cpu_kernels (attention by rows, and the fused norms, rotary embedding and a prompt's attention where
+    decoding/llama_like drives the model)."""
     from specdec_cli.decoding import llama_like
 
     on_blocks = any(isinstance(m, GgufLinear) for m in model.modules())
