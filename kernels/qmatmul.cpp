@@ -38,7 +38,9 @@
 // AVX-512: x + 128 as the unsigned side, q − 32 as the signed one, and 128 · Σ sc·(q − 32), the weights' alone, taken
 // away once per group and weight row, whatever the rows; the integers are the same). The others are widened to int16 and cost one vpdpwssd per 32 weights (calls of ≤ SMALL_ROWS rows: each group
 // unpacked in registers, two weight rows at a time, fused32). The AVX-512 path unpacks 8 groups of 2 weight
-// rows at a time (they stay in L1) and holds a 2 × 4 tile of accumulators (weight rows × rows) in registers.
+// rows at a time (they stay in L1) and holds a 2 × 4 tile of accumulators (weight rows × rows) in registers; its
+// K-quant calls of ≤ SMALL_ROWS rows take 16 weight rows at a time and finish their outputs together in vector lanes
+// (finish16: at K = 1 536 a weight row's own finish had cost a third of its 6 groups).
 // AVX2 (no VNNI): a 32-weight slot one ymm, vpmaddubsw then vpmaddwd by the scale (three instructions a slot and
 // row with the add); calls of ≤ SMALL_ROWS rows unpack each group in registers for tiles of ≤ 4 rows (fused_avx2;
 // the 32-element types ≤ 4, fused32_avx2), longer ones through an L1 buffer (tile_avx2).
