@@ -1155,7 +1155,7 @@ VNNI_FN void rows256(const Call& c, RowBuf* const* rb, int64_t g0, int64_t g1, i
 }
 
 // Small calls (M ≤ SMALL_ROWS): NR weight rows × MR rows over every group, each group unpacked in
-// registers (load8, chunk8: the integers of the buffered path, no buffer) and its minimums into rb's mm; the float
+// registers (load8, chunk8: the integers of the buffered path, no buffer) and its minimums into mm[r]; the float
 // steps those of micro8, in the same order. The result in accm [NR][ROW_TILE][16].
 template <int NR, int MR, int QT>
 VNNI_FN void fused8(const Call& c, float* const* mm, int64_t n, int64_t m0, float* accm) {
@@ -1696,7 +1696,7 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int
          x32p, xup, dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
          bf16 ? nullptr : out.data_ptr<float>(), bf16 ? (uint16_t*)out.data_ptr<at::BFloat16>() : nullptr};
   quantize_rows(o.x, c, (int)path, xq.data(), xq8.data(), x32p, xup, dx.data(), xsd.data());
-  chunks(N, NB, [&](int64_t n0, int64_t n1) {  // a chunk's buffers made once (per NB rows they cost 1/5 of a step)
+  chunks(N, NB, [&](int64_t n0, int64_t n1) {  // a chunk's buffers made once (made every NB rows: 1/5 of a gate/up)
 #if QMM_X86
     if (path == AVX512VNNI) return tile_avx512(c, n0, n1);
     if (path == AVX2) return tile_avx2(c, n0, n1);

@@ -56,8 +56,8 @@ def test_causal_grouped_heads_128_wide_within_the_bound(T, S):
         assert bool(((got.double() - ref).abs() <= bound).all()), (p, float(((got.double() - ref).abs() / bound).max()))
         moved = fa.attend(q, k2, v2, scale, causal=True, path=p)
         assert torch.equal(moved[:, :-1], got[:, :-1]) and not torch.equal(moved[:, -1], got[:, -1]), p
-    if fa.runs(q, k, v, causal=True):
-        assert not fa.runs(q, k[:, :, :T - 1], v[:, :, :T - 1], causal=True) or T == 1  # fewer keys than queries
+    assert fa.runs(q, k, v, causal=True) == fa.runs(q, q, q)  # where the encoder's call runs, a prompt's does
+    assert not fa.runs(q, k[:, :, : T - 1], v[:, :, : T - 1], causal=True)  # fewer keys than queries
 
 
 def test_bf16_in_any_strides_comes_back_bf16_within_its_rounding():
