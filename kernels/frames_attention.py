@@ -6,6 +6,7 @@ time, and a 500-token prompt's at ~10 ms a layer of Qwen2.5 1.5B (benchmarks/REA
 sessions).
 
     cpu_takes  whether this CPU has the AVX-512 path (the kernel is built only there)
+    takes      ... and heads of this width (HEADS)
     runs       whether attend takes this call: such a CPU, the kernel built, q [B, H, T, D], k, v [B, Hkv, S, D]
     attend     q, k, v (fp32 or bf16, any strides), scale, causal -> [B, T, H, D] in q's dtype
     reference  the same in fp64 (tests), and error_bound: how far attend may be from it
@@ -38,13 +39,18 @@ def cpu_takes() -> bool:
     return {"avx512f", "avx512dq", "avx2", "fma"} <= set(cpp.cpu_flags().split())
 
 
+def takes(head_dim: int) -> bool:
+    """Whether this CPU's AVX-512 path would take heads this wide (before a call's shapes, and before a build)."""
+    return head_dim in HEADS and cpu_takes()
+
+
 def runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> bool:
     """Whether attend takes these: on a CPU whose AVX-512 path runs (cpu_takes, and the kernel built), q [B, H, T, D],
     k, v [B, Hkv, S, D] (Hkv dividing H, D in HEADS, S ≥ T when causal) in fp32 or bf16."""
-    if not (q.device.type == "cpu" and q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and q.shape[-1] in HEADS
+    if not (q.device.type == "cpu" and q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and takes(q.shape[-1])
             and q.shape[0] == k.shape[0] and q.shape[-1] == k.shape[-1] and k.shape[1] > 0
             and q.shape[1] % k.shape[1] == 0 and k.shape[2] > 0 and (not causal or k.shape[2] >= q.shape[2])
-            and q.dtype in (torch.float32, torch.bfloat16) and cpu_takes()):
+            and q.dtype in (torch.float32, torch.bfloat16)):
         return False
     ext = KERNEL.module()
     return ext is not None and ext.best_path() == PATHS["avx512"]

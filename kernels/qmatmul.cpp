@@ -1309,25 +1309,27 @@ VNNI_FN inline __attribute__((always_inline)) __m512 tree16x16(const __m512 (&a)
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), e);
 }
 
-// 16 values rounded to bf16 as c10 rounds them (to nearest, ties to even; a NaN 0x7FC0)
-VNNI_FN inline __m256i bf16_c10(__m512 v) {
+// 16 values rounded to bf16 to nearest, ties to even (as c10 rounds them)
+VNNI_FN inline __m256i bf16_rne(__m512 v) {  // finite values: the top 16 bits after adding 0x7fff + the kept lsb
   __m512i b = _mm512_castps_si512(v);
   b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
-  return _mm256_mask_blend_epi16((__mmask16)_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)),
-                                 _mm256_set1_epi16(0x7FC0));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
 }
 
-// Outputs n .. n + 15 of every row (finish_rows' steps, 16 weight rows in vector lanes), from acc [16][M][16] and
-// the minimums' lanes mn [16][M][16] (min_lanes_avx512's)
+VNNI_FN inline __m256i bf16_c10(__m512 v) {  // any values: a NaN as c10 makes it, 0x7FC0
+  return _mm256_mask_blend_epi16((__mmask16)_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), bf16_rne(v), _mm256_set1_epi16(0x7FC0));
+}
+
+// K-quants' outputs n .. n + 15 of every row (finish_rows' steps, 16 weight rows in vector lanes), from acc
+// [16][M][16] and (Q4_K, Q5_K) the minimums' lanes mn [16][M][16] (min_lanes_avx512's)
 VNNI_FN void finish16(const Call& c, const float* mn, int64_t n, const float* acc) {
   for (int64_t m = 0; m < c.M; m++) {
     __m512 a[16];
     for (int j = 0; j < 16; j++) a[j] = _mm512_load_ps(acc + (j * c.M + m) * 16);
     __m512 y = tree16x16(a);
-    if (c.f.kmin || c.f.lmin) {
+    if (c.f.kmin) {
       for (int j = 0; j < 16; j++) a[j] = _mm512_load_ps(mn + (j * c.M + m) * 16);
-      const __m512 ymn = tree16x16(a);
-      y = c.f.kmin ? _mm512_sub_ps(y, ymn) : _mm512_add_ps(y, ymn);
+      y = _mm512_sub_ps(y, tree16x16(a));
     }
     if (c.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(c.bias + n));
     if (c.yb) _mm256_storeu_si256((__m256i*)(c.yb + m * c.N + n), bf16_c10(y));
@@ -1531,11 +1533,6 @@ VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, 
 
 // Weight rows [n0, n1) as the fp32 values the file means (dequantize, below): d·w − dmin·m_j, d·w + m, or d·w;
 // into out [N, K] fp32, or bf16 (T = uint16_t) rounded to nearest, ties to even (torch's .to(bfloat16)).
-VNNI_FN inline __m256i bf16_rne(__m512 v) {  // finite values: the top 16 bits after adding 0x7fff + the kept lsb
-  __m512i b = _mm512_castps_si512(v);
-  b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
-}
 
 template <typename T>
 VNNI_FN void dequantize_rows_avx512(const Call& c, int64_t n0, int64_t n1, T* out) {

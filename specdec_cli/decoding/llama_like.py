@@ -64,7 +64,7 @@ def cpu_kernels(model) -> tuple:
         return ()
     linears = any(takes_kernel(m) for m in model.modules())
     lean = applies(model)
-    prompt = lean and frames_attention.cpu_takes() and model.model.layers[0].self_attn.head_dim in frames_attention.HEADS
+    prompt = lean and frames_attention.takes(model.model.layers[0].self_attn.head_dim)
     return (rows_attention.KERNEL, *((float_rows.KERNEL,) if linears else ()),
             *((layer_ops.KERNEL,) if lean else ()), *((frames_attention.KERNEL,) if prompt else ()))
 
