@@ -12,8 +12,9 @@
 // output rounded once to q's dtype. torch's CPU flash attention took 27 ms a layer for Whisper base's 8 heads × 1 500
 // frames in bf16 (~170 GFLOP/s, 2 threads of an AMD EPYC Zen 5): the encoder's largest cost.
 //
-// Paths: AVX-512 (the one callers route to), and portable C++ (the same steps in scalar code: tests on any CPU; not
-// the same bits, as exp and the sums' order differ).
+// Paths: AVX-512, AVX2 with FMA (the same steps 8 lanes at a time: the same scores and products, but a softmax's sum
+// over 8 lanes, not 16, and exp 0 below −87.3), and portable C++ (the same steps in scalar code: tests on any CPU;
+// not the same bits, as exp and the sums' order differ). Callers route to the SIMD ones.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -32,7 +33,7 @@
 
 namespace {
 
-enum Path { AUTO = 0, PORTABLE = 1, AVX512 = 3 };
+enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3 };
 constexpr int R = 4;  // query rows a tile
 
 struct Head {
@@ -148,6 +149,109 @@ AVX512_FN void rows_avx512(const Head& h, const float* q, float* s, float* o) {
         _mm512_storeu_ps(o + i * D + half + 16 * c, _mm512_mul_ps(acc[i][c], _mm512_set1_ps(inv[i])));
   }
 }
+// AVX2 with FMA: the same steps 8 lanes at a time (a block of 16 keys two ymm), blends and masked moves where AVX-512
+// has mask registers, and 2ⁿ built in the exponent's bits (0 below −87.3, where AVX-512's scalef gives a subnormal)
+#define AVX2_FN __attribute__((target("avx2,fma")))
+
+AVX2_FN inline __m256 exp_neg8(__m256 x) {
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 t = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  t = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), t);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GT_OQ);
+  return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// lanes l with j + l < e, as a ymm of all-ones / zeros
+AVX2_FN inline __m256i below8(int64_t j, int64_t e) {
+  const int64_t n = std::max<int64_t>(0, std::min<int64_t>(8, e - j));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+AVX2_FN inline float hsum8(__m256 v) {
+  __m128 c = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  c = _mm_add_ps(c, _mm_movehl_ps(c, c));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+AVX2_FN inline float hmax8(__m256 v) {
+  __m128 c = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  c = _mm_max_ps(c, _mm_movehl_ps(c, c));
+  return _mm_cvtss_f32(_mm_max_ss(c, _mm_movehdup_ps(c)));
+}
+
+template <int64_t D, int RR>
+AVX2_FN void rows_avx2(const Head& h, const float* q, float* s, float* o) {
+  const int64_t S = h.S;
+  __m256 mx[RR];
+  for (int i = 0; i < RR; i++) mx[i] = _mm256_set1_ps(-INFINITY);
+  // scores: a block of 16 keys against RR rows, 2·RR chains of fused multiply-adds
+  for (int64_t j = 0; j < S; j += 16) {
+    __m256 a[RR][2];
+    for (int i = 0; i < RR; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    const float* kb = h.kt + j / 16 * D * 16;
+    for (int64_t d = 0; d < D; d++) {
+      const __m256 k0 = _mm256_loadu_ps(kb + d * 16), k1 = _mm256_loadu_ps(kb + d * 16 + 8);
+      for (int i = 0; i < RR; i++) {
+        const __m256 qd = _mm256_broadcast_ss(q + i * D + d);
+        a[i][0] = _mm256_fmadd_ps(qd, k0, a[i][0]);
+        a[i][1] = _mm256_fmadd_ps(qd, k1, a[i][1]);
+      }
+    }
+    for (int i = 0; i < RR; i++)
+      for (int c = 0; c < 2; c++) {
+        const int64_t jc = j + 8 * c, e = h.end[i];
+        float* dst = s + i * S + jc;
+        if (jc + 8 <= e) {
+          _mm256_storeu_ps(dst, a[i][c]);
+          mx[i] = _mm256_max_ps(mx[i], a[i][c]);
+        } else if (jc < e) {
+          const __m256i m = below8(jc, e);
+          _mm256_maskstore_ps(dst, m, a[i][c]);
+          mx[i] = _mm256_max_ps(mx[i], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), a[i][c], _mm256_castsi256_ps(m)));
+        }
+      }
+  }
+  float inv[RR];
+  for (int i = 0; i < RR; i++) {
+    const int64_t e = h.end[i], S8 = e / 8 * 8;
+    const __m256 m = _mm256_set1_ps(hmax8(mx[i]));
+    __m256 l = _mm256_setzero_ps();
+    float* si = s + i * S;
+    for (int64_t j = 0; j < S8; j += 8) {
+      const __m256 p = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(si + j), m));
+      _mm256_storeu_ps(si + j, p);
+      l = _mm256_add_ps(l, p);
+    }
+    if (S8 < e) {
+      const __m256i tail = below8(S8, e);
+      const __m256 p = _mm256_and_ps(_mm256_castsi256_ps(tail), exp_neg8(_mm256_sub_ps(_mm256_maskload_ps(si + S8, tail), m)));
+      _mm256_maskstore_ps(si + S8, tail, p);
+      l = _mm256_add_ps(l, p);
+    }
+    inv[i] = 1.0f / hsum8(l);
+    std::fill(si + e, si + S, 0.f);  // the keys after the row's own (causal): weight 0 in P · V
+  }
+  // P · V: 16 of each key's values in 2 vectors, against each row's weight for it
+  for (int64_t c0 = 0; c0 < D; c0 += 16) {
+    __m256 acc[RR][2];
+    for (int i = 0; i < RR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < S; j++) {
+      const __m256 v0 = _mm256_loadu_ps(h.v + j * D + c0), v1 = _mm256_loadu_ps(h.v + j * D + c0 + 8);
+      for (int i = 0; i < RR; i++) {
+        const __m256 p = _mm256_broadcast_ss(s + i * S + j);
+        acc[i][0] = _mm256_fmadd_ps(p, v0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(p, v1, acc[i][1]);
+      }
+    }
+    for (int i = 0; i < RR; i++)
+      for (int c = 0; c < 2; c++)
+        _mm256_storeu_ps(o + i * D + c0 + 8 * c, _mm256_mul_ps(acc[i][c], _mm256_set1_ps(inv[i])));
+  }
+}
 #endif  // FA_X86
 
 int detect() {
@@ -156,6 +260,7 @@ int detect() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx2") &&
       __builtin_cpu_supports("fma"))
     return AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
 #endif
   return PORTABLE;
 }
@@ -188,6 +293,11 @@ void attend_d(const torch::Tensor& qf, const torch::Tensor& kt, const torch::Ten
         else if (r == 3) rows_avx512<D, 3>(h, qr, s.data(), o.data());
         else if (r == 2) rows_avx512<D, 2>(h, qr, s.data(), o.data());
         else rows_avx512<D, 1>(h, qr, s.data(), o.data());
+      } else if (path == AVX2) {
+        if (r == 4) rows_avx2<D, 4>(h, qr, s.data(), o.data());
+        else if (r == 3) rows_avx2<D, 3>(h, qr, s.data(), o.data());
+        else if (r == 2) rows_avx2<D, 2>(h, qr, s.data(), o.data());
+        else rows_avx2<D, 1>(h, qr, s.data(), o.data());
       } else
 #endif
         rows_portable<D>(h, qr, r, s.data(), o.data());
@@ -200,7 +310,7 @@ void attend_d(const torch::Tensor& qf, const torch::Tensor& kt, const torch::Ten
 // (S ≥ T) → [B, T, H, D] in q's dtype
 torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool causal, int64_t path) {
   if (path == AUTO) path = best_path();
-  TORCH_CHECK(path == PORTABLE || path == best_path(), "frames_attention: path ", path, " does not run on this CPU");
+  TORCH_CHECK(path >= PORTABLE && path <= best_path(), "frames_attention: path ", path, " does not run on this CPU");
   TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && k.dim() == 4 && q.size(0) == k.size(0) && k.size(1) > 0 &&
               q.size(1) % k.size(1) == 0 && q.size(3) == k.size(3) && (q.size(3) == 64 || q.size(3) == 128) &&
               k.size(2) > 0 && (!causal || k.size(2) >= q.size(2)),
@@ -222,5 +332,5 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double s
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "softmax(q · kᵀ · scale) · v, over every key or causal: [B, T, H, D]");
-  m.def("best_path", &best_path, "the SIMD path this CPU runs (1 portable, 3 AVX-512)");
+  m.def("best_path", &best_path, "the SIMD path this CPU runs (1 portable, 2 AVX2, 3 AVX-512)");
 }

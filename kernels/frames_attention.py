@@ -5,7 +5,7 @@ the arithmetic: fp32 sums, a two-pass softmax, 4 query rows a tile). torch's CPU
 time, and a 500-token prompt's at ~10 ms a layer of Qwen2.5 1.5B (benchmarks/README.md, sixteenth and seventeenth
 sessions).
 
-    cpu_takes  whether this CPU has the AVX-512 path (the kernel is built only there)
+    cpu_takes  whether this CPU has a SIMD path (AVX-512, or AVX2 with FMA; the kernel is built only there)
     takes      ... and heads of this width (HEADS)
     runs       whether attend takes this call: such a CPU, the kernel built, q [B, H, T, D], k, v [B, Hkv, S, D]
     attend     q, k, v (fp32 or bf16, any strides), scale, causal -> [B, T, H, D] in q's dtype
@@ -26,7 +26,7 @@ import torch
 from specdec_cli.kernels import cpp
 
 SOURCE = Path(__file__).with_name("frames_attention.cpp")
-PATHS = {"portable": 1, "avx512": 3}  # the C++ enum Path
+PATHS = {"portable": 1, "avx2": 2, "avx512": 3}  # the C++ enum Path
 KERNEL = cpp.Extension("frames_attention", SOURCE, ["-O3", "-ffp-contract=off", "-std=c++17"],
                        "the encoder's attention runs through torch")
 HEADS = (64, 128)  # the head sizes it takes (every Whisper size's; Llama, Qwen2.5, Mistral)
@@ -34,18 +34,19 @@ HEADS = (64, 128)  # the head sizes it takes (every Whisper size's; Llama, Qwen2
 
 @functools.lru_cache(maxsize=1)
 def cpu_takes() -> bool:
-    """Whether this CPU has what the AVX-512 path needs (its flags, read without building the kernel: elsewhere it is
-    neither built nor run, torch's flash attention being the faster there)."""
-    return {"avx512f", "avx512dq", "avx2", "fma"} <= set(cpp.cpu_flags().split())
+    """Whether this CPU has what a SIMD path needs, AVX2 with FMA at least (its flags, read without building the
+    kernel: elsewhere it is neither built nor run, its portable path being far slower than torch's flash attention).
+    Both paths beat torch's on an encoder's and a prompt's shapes (benchmarks/README.md, eighteenth session)."""
+    return {"avx2", "fma"} <= set(cpp.cpu_flags().split())
 
 
 def takes(head_dim: int) -> bool:
-    """Whether this CPU's AVX-512 path would take heads this wide (before a call's shapes, and before a build)."""
+    """Whether this CPU's SIMD path would take heads this wide (before a call's shapes, and before a build)."""
     return head_dim in HEADS and cpu_takes()
 
 
 def runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> bool:
-    """Whether attend takes these: on a CPU whose AVX-512 path runs (cpu_takes, and the kernel built), q [B, H, T, D],
+    """Whether attend takes these: on a CPU whose SIMD path runs (cpu_takes, and the kernel built), q [B, H, T, D],
     k, v [B, Hkv, S, D] (Hkv dividing H, D in HEADS, S ≥ T when causal) in fp32 or bf16."""
     if not (q.device.type == "cpu" and q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and takes(q.shape[-1])
             and q.shape[0] == k.shape[0] and q.shape[-1] == k.shape[-1] and k.shape[1] > 0
@@ -53,7 +54,7 @@ def runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
             and q.dtype in (torch.float32, torch.bfloat16)):
         return False
     ext = KERNEL.module()
-    return ext is not None and ext.best_path() == PATHS["avx512"]
+    return ext is not None and ext.best_path() > PATHS["portable"]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = False,

@@ -81,7 +81,7 @@ def test_a_row_does_not_depend_on_the_others():
 
 def test_runs_only_where_its_fast_path_does():
     q, k, v = qkv(3, S=8)
-    fast = fa.KERNEL.module().best_path() == fa.PATHS["avx512"]
+    fast = fa.KERNEL.module().best_path() > fa.PATHS["portable"]  # AVX2 or AVX-512
     assert fa.runs(q, k, v) == fast
     assert not fa.runs(q[..., :32], k[..., :32], v[..., :32])  # heads 32 wide: torch's
     assert not fa.runs(q.half(), k.half(), v.half())

@@ -138,7 +138,7 @@ def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
         "rows_attention", "float_rows", "layer_ops"]  # bf16 nn.Linear layers: row_linear's KernelLinear
     assert names(llama_like.cpu_kernels(gpt2.to(torch.bfloat16))) == ["rows_attention", "float_rows"]  # its lm_head
     wide = LlamaForCausalLM(LlamaConfig(**{**small, "hidden_size": 128}, attn_implementation="sdpa"))  # heads 64 wide
-    prompt = ["frames_attention"] if frames_attention.cpu_takes() else []  # a prompt's attention, on AVX-512
+    prompt = ["frames_attention"] if frames_attention.cpu_takes() else []  # a prompt's attention, on AVX2 or AVX-512
     assert names(llama_like.cpu_kernels(wide.to(torch.bfloat16))) == [
         "rows_attention", "float_rows", "layer_ops", *prompt]
     weights.quantize_linears(llama, "q8_0")  # on blocks (GgufLinear, the output layer too): attention still by rows

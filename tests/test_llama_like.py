@@ -165,7 +165,7 @@ def test_a_bf16_draft_is_driven_by_llama_like():
 
 
 def test_a_long_prompt_attends_through_frames_attention_where_it_runs(monkeypatch):
-    """Heads 64 wide on an AVX-512 CPU: a prompt's chunks longer than a pass attend by kernels/frames_attention
+    """Heads 64 wide on an AVX2 or AVX-512 CPU: a prompt's chunks longer than a pass attend by kernels/frames_attention
     (causal, grouped heads: the second chunk sees the first's keys), steps and passes by rows as before. Its logits
     are no farther from the same model's in fp32 than twice transformers' own bf16 run's (the kernel's error alone is
     checked against fp64 in test_frames_attention.py), and a pass still gives every row a step's bits."""

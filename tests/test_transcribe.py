@@ -234,7 +234,7 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
     rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run (alone or after
     lookup), float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
-    (the encoder's) where the CPU has its AVX-512 path."""
+    (the encoder's) where the CPU has its AVX2 or AVX-512 path."""
     from specdec_cli.kernels import frames_attention
     from specdec_cli.options import TranscribeOptions
 

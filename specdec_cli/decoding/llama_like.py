@@ -6,7 +6,7 @@ arithmetic, minus what a step pays for besides them.
                      x = h + down(act(gate(n2(h))) · up(n2(h)))
                  then the final norm and the output layer over the rows kept; n1, n2 RMS norms, rope from the
                  model's own rotary module (every rope type it knows), attention exact_rows.fp32_by_rows (each row
-                 as a step computes it; a prompt through kernels/frames_attention on an AVX-512 CPU, else sdpa), K
+                 as a step computes it; a prompt through kernels/frames_attention on an AVX2 CPU, else sdpa), K
                  and V in a preallocated cache (no concatenation a step, a crop only moves the length).
     decoder_for  the Decoder the loop drives a target by: LlamaLike(exact_rows(model)) where it applies, else
                  Decoder(exact_rows(model)).
@@ -58,7 +58,7 @@ def applies(model) -> bool:
 def cpu_kernels(model) -> tuple:
     """The C++ kernels decoder_for(model)'s steps run on a CPU, besides the products on blocks: attention by rows
     where exact_rows changes the model, float_rows where it then holds layers row_linear gives a KernelLinear
-    (takes_kernel), and the fused norms, the rotary embedding and (an AVX-512 CPU, heads it takes) a prompt's
+    (takes_kernel), and the fused norms, the rotary embedding and (an AVX2 or AVX-512 CPU, heads it takes) a prompt's
     attention where LlamaLike then drives it."""
     if not by_rows(model):
         return ()

@@ -2,7 +2,7 @@
 over the window's encoder output.
 
     features, encode  log-mel features of ≤ 30 s audio, and the encoder over them (its self-attention
-                      frames_attention: on an AVX-512 CPU kernels/frames_attention)
+                      frames_attention: on an AVX2 CPU kernels/frames_attention)
     EncodedWindows    a batch of windows as every decoder reads them: the audio, the target's encoder output and
                       every decoder layer's cross-attention K/V, computed once and shared by the target, the draft
                       and the probe (a self draft's layers are the target's own: the same K/V)
@@ -52,8 +52,8 @@ def encode(model: LoadedModel, feats: torch.Tensor) -> torch.Tensor:
 
 
 def frames_attention(module, query, key, value, attention_mask, **kwargs):
-    """The encoder's self-attention through kernels/frames_attention where it takes the call (a CPU with AVX-512,
-    heads 64 wide) and nothing it leaves out is asked for (a mask, dropout, the weights), else transformers' sdpa.
+    """The encoder's self-attention through kernels/frames_attention where it takes the call (a CPU with AVX2
+    or AVX-512, heads 64 wide) and nothing it leaves out is asked for (a mask, dropout, the weights), else transformers' sdpa.
     -> (out [B, S, H, D], None)."""
     if attention_mask is None and not kwargs.get("dropout") and not kwargs.get("output_attentions") \
             and kernels_frames.runs(query, key, value):
