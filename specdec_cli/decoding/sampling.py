@@ -111,16 +111,22 @@ def uniforms(shape, generator: torch.Generator, device=None) -> torch.Tensor:
     return 1.0 - torch.rand(shape, generator=generator, device=device or generator.device)
 
 
+def greedy_logits(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] widened to fp32 for an argmax (exactly: the same order, the same first max; torch's CPU argmax
+    over bf16 took 5× as long: 4 × 151 936 logits 0.98 against 0.19 ms, AMD EPYC Zen 5), after checking that each
+    row's max is finite (a max shows NaN, +inf and an all-masked row: NonFiniteLogitsError)."""
+    z = logits.float()
+    if not bool(torch.isfinite(z.amax(dim=-1)).all()):
+        raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
+    return z
+
+
 def sample_logits(
     logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [B, V] -> (tokens int64 [B], probs float32 [B, V] they were drawn from, or None if greedy)."""
     if params.greedy:
-        z = logits.float()  # widened exactly (the same order, the same first max): torch's CPU argmax over bf16
-        # took 5× as long (3 × 11 × 51 865 logits: 2.9 against 0.6 ms, AMD EPYC Zen 5)
-        if not bool(torch.isfinite(z.amax(dim=-1)).all()):  # a max shows NaN, +inf and an all-masked row
-            raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
-        return z.argmax(dim=-1), None
+        return greedy_logits(logits).argmax(dim=-1), None
     assert u is not None, "sampling needs uniforms"
     probs = probs_from_logits(process_logits(logits, params))
     return sample(probs, u), probs

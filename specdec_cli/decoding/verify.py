@@ -37,7 +37,8 @@ from typing import Protocol
 import torch
 
 from specdec_cli import options
-from specdec_cli.errors import NonFiniteLogitsError, SpecdecError
+from specdec_cli.decoding.sampling import greedy_logits
+from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import Verification, baseline, exact, reference, sigmoid
 
 PROBS, LOGITS = "probs", "logits"  # what a verification mode reads of a model draft
@@ -113,8 +114,6 @@ def verify(
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:
-    """Temperature 0, in every mode: accept while the draft token is the target's argmax (kernels/reference.py)."""
-    top = target_logits.amax(dim=-1)  # [B, γ+1]; NaN or +inf anywhere in a row shows up here
-    if not torch.isfinite(top).all():
-        raise NonFiniteLogitsError("target logits contain NaN or +inf, or a row is all -inf")
-    return reference.verify_greedy(draft_tokens, target_logits)
+    """Temperature 0, in every mode: accept while the draft token is the target's argmax (kernels/reference.py), over
+    logits checked and widened as greedy sampling's are (sampling.greedy_logits)."""
+    return reference.verify_greedy(draft_tokens, greedy_logits(target_logits))
