@@ -1,7 +1,8 @@
 """C++ kernels built at first use with torch.utils.cpp_extension (a C++ compiler is needed then; no network) and
-cached under $SPECDEC_CACHE/kernels/<name>-<key> (else the user cache dir, as for models). The key names the source's
-hash, torch's and Python's versions, the compiler flags and the CPU's flags, so a machine never loads another's build.
-A failed build says so in one line, once, and the caller's fallback runs instead.
+cached under $SPECDEC_CACHE/kernels/<name>-<key> (else the user cache dir, as for models). The key names the hash of
+the source and the headers it includes, torch's and Python's versions, the compiler flags and the CPU's flags, so a
+machine never loads another's build. A failed build says so in one line, once, and the caller's fallback runs
+instead.
 """
 
 from __future__ import annotations
@@ -47,10 +48,16 @@ class Extension:
         self._module = None
         self._tried = False
 
+    def headers(self) -> list[Path]:
+        """The headers beside the source that it includes (`#include "name.h"`), which its build reads too."""
+        names = re.findall(r'^\s*#include\s+"([^"]+)"', self.source.read_text(), re.M)
+        return [self.source.with_name(n) for n in names]
+
     def key(self) -> str:
         import torch
 
-        text = self.source.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}|{self.cflags}|{cpu_flags()}".encode()
+        text = b"".join(f.read_bytes() for f in [self.source, *self.headers()])
+        text += f"|{torch.__version__}|{sys.version_info[:2]}|{self.cflags}|{cpu_flags()}".encode()
         return hashlib.sha256(text).hexdigest()[:16]
 
     def folder(self) -> Path:

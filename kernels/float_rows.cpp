@@ -34,6 +34,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include "bf16_bits.h"  // bf16_c10_8
 #define FR_X86 1
 #else
 #define FR_X86 0
@@ -228,12 +229,7 @@ AVX512_FN inline void finish8(const Call<W>& c, int64_t m, int64_t n0, const __m
   __m256 v = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm512_castps512_ps128(u01)), _mm512_castps512_ps128(u23), 1);
   if (c.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(c.bias + n0));
   if (!c.yb) return _mm256_storeu_ps(c.y + m * c.N + n0, v);
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i up = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
-                                                          _mm256_set1_epi32(0x7FFF)));
-  const __mmask8 nan = _mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m256i r = _mm256_mask_mov_epi32(_mm256_srli_epi32(up, 16), nan, _mm256_set1_epi32(0x7FC0));
-  _mm_storeu_si128((__m128i*)(c.yb + m * c.N + n0), _mm256_cvtepi32_epi16(r));
+  _mm_storeu_si128((__m128i*)(c.yb + m * c.N + n0), bf16_c10_8(v));
 }
 
 // R rows of x × 2P rows of W read as they are (a call of few rows: the weights' read is the cost)

@@ -28,6 +28,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include "bf16_bits.h"  // bf16_c10
 #define I8_X86 1
 #else
 #define I8_X86 0
@@ -171,15 +172,6 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, uint8_t* u, float* s) {
   quantize_tail(x, K16, K, inv, nullptr, u);
 }
 
-// bf16 bits of 16 floats, rounded to nearest even as c10::BFloat16 rounds (a NaN: 0x7FC0)
-VNNI_FN inline __m256i bf16_bits(__m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(r);
-}
-
 // finish()'s operations on 16 lanes at once (the same roundings)
 VNNI_FN inline void finish16(const Call& c, int64_t n0, int64_t m, __m512i dot) {
   const int64_t left = c.N - n0;
@@ -188,7 +180,7 @@ VNNI_FN inline void finish16(const Call& c, int64_t n0, int64_t m, __m512i dot) 
   const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(c.xs[m]), _mm512_maskz_loadu_ps(k, c.ws + n0));
   __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), scale);
   if (c.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, c.bias + n0));
-  if (c.yb) _mm256_mask_storeu_epi16(c.yb + m * c.N + n0, k, bf16_bits(v));
+  if (c.yb) _mm256_mask_storeu_epi16(c.yb + m * c.N + n0, k, bf16_c10(v));
   else _mm512_mask_storeu_ps(c.y + m * c.N + n0, k, v);
 }
 

@@ -58,6 +58,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include "bf16_bits.h"  // bf16_rne, bf16_c10, bf16_rne8
 #define QMM_X86 1
 #else
 #define QMM_X86 0
@@ -1309,17 +1310,6 @@ VNNI_FN inline __attribute__((always_inline)) __m512 tree16x16(const __m512 (&a)
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), e);
 }
 
-// 16 values rounded to bf16 to nearest, ties to even (as c10 rounds them)
-VNNI_FN inline __m256i bf16_rne(__m512 v) {  // finite values: the top 16 bits after adding 0x7fff + the kept lsb
-  __m512i b = _mm512_castps_si512(v);
-  b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
-}
-
-VNNI_FN inline __m256i bf16_c10(__m512 v) {  // any values: a NaN as c10 makes it, 0x7FC0
-  return _mm256_mask_blend_epi16((__mmask16)_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), bf16_rne(v), _mm256_set1_epi16(0x7FC0));
-}
-
 // K-quants' outputs n .. n + 15 of every row (finish_rows' steps, 16 weight rows in vector lanes), from acc
 // [16][M][16] and (Q4_K, Q5_K) the minimums' lanes mn [16][M][16] (min_lanes_avx512's)
 VNNI_FN void finish16(const Call& c, const float* mn, int64_t n, const float* acc) {
@@ -1934,13 +1924,6 @@ AVX2_FN void pack16_avx2(const Call& c, int64_t n0, Packed& p) {
                           _mm256_i32gather_epi32((const int*)(p.rows.data() + 8 * h * c.K + 4 * k4), idx, 1));
 }
 
-AVX2_FN inline __m128i bf16_rne_avx2(__m256 v) {  // bf16_rne, 8 values
-  __m256i b = _mm256_castps_si256(v);
-  b = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1))));
-  b = _mm256_srli_epi32(b, 16);
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08));
-}
-
 // R rows × the 16 outputs of p, into y [M, N] fp32 or bf16
 template <int QT, int R, typename O>
 AVX2_FN void prompt_tile_avx2(const Call& c, const Packed& p, const int8_t* xq, const float* dx, const float* xm,
@@ -2002,7 +1985,7 @@ AVX2_FN void prompt_tile_avx2(const Call& c, const Packed& p, const int8_t* xq, 
       __m256 v = acc[r][h];
       if (c.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(c.bias + n0 + 8 * h));
       if constexpr (std::is_same_v<O, float>) _mm256_storeu_ps(y + (m0 + r) * c.N + n0 + 8 * h, v);
-      else _mm_storeu_si128((__m128i*)(y + (m0 + r) * c.N + n0 + 8 * h), bf16_rne_avx2(v));
+      else _mm_storeu_si128((__m128i*)(y + (m0 + r) * c.N + n0 + 8 * h), bf16_rne8(v));
     }
 }
 

@@ -159,6 +159,20 @@ def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
     assert not qmatmul.KERNEL.cached()  # nothing built under this cache: a GGUF model's load would build it
 
 
+def test_the_key_holds_the_headers_a_source_includes(tmp_path):
+    """A header the source includes (`#include "bf16_bits.h"`) is in the key: editing it rebuilds every kernel that
+    includes it, and the package ships it beside the sources."""
+    assert qmatmul.SOURCE.with_name("bf16_bits.h") in qmatmul.KERNEL.headers()
+    (tmp_path / "rule.h").write_text("// one rule\n")
+    source = tmp_path / "k.cpp"
+    source.write_text('#include "rule.h"\nint f() { return 1; }\n')
+    kernel = cpp.Extension("k", source, [], "")
+    assert kernel.headers() == [tmp_path / "rule.h"]
+    before = kernel.key()
+    (tmp_path / "rule.h").write_text("// the rule, changed\n")
+    assert kernel.key() != before
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_dequantize_into_fp32_and_bf16(name):
     """The prefill's weights: the file's values (gguf_blocks.dequantize, checked against gguf's own above) and, into
