@@ -152,9 +152,11 @@ class LlamaLike(Decoder):
                 new[:, :, : self.length] = old[:, :, : self.length]
             cache[:] = grown
 
-    def _hidden(self, tokens, mask, positions) -> torch.Tensor:
+    def _hidden(self, tokens, mask, positions, keep: int = 0) -> torch.Tensor:
         """tokens, positions [B, T] at slots length..length+T (mask [B, length+T] bool or None) -> the final norm's
-        output [B, T, d]; their keys and values go into the cache."""
+        output [B, T, d], or [B, keep, d] for the last `keep` rows when 0 < keep ≤ ROWS < T (a prompt: the last
+        layer's attention, o and MLP for those rows only, as a pass computes them, every mode alike); every row's
+        keys and values go into the cache."""
         B, T = tokens.shape
         start, end = self.length, self.length + T
         self._reserve(B, end)
@@ -170,23 +172,28 @@ class LlamaLike(Decoder):
             if holes:
                 shown = shown & mask[:, None, None, :end]  # [B, 1, T, end]
         y = None  # what the last layer adds to x
+        trim = len(self.layers) - 1 if 0 < keep <= ROWS < T else None  # the layer after which only `keep` rows count
         for i, (n1, attn, qkv, o, n2, gate_up, act, down) in enumerate(self.layers):
             x, h = self.ops.add_rms(x, y, n1)
             q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv(h))  # [B, T, heads, head_dim]
             q = self.ops.rope_store(q, k, v, cos, sin, self.keys[i], self.values[i], start)  # [B, heads, T, hd]
             keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
-            a = rows_attention.attend(q, keys, values, shown, attn.scaling) if T <= ROWS else None  # exact_rows'
-            if a is None and T > ROWS and not holes and frames_attention.runs(q, keys, values, causal=True):
+            if i == trim:  # the last `keep` queries: a pass's rows, aligned at the last key
+                q, x = q[:, :, -keep:], x[:, -keep:].contiguous()  # [B, heads, keep, hd], [B, keep, d]
+                shown = shown[:, :, -keep:] if holes else None  # [B, 1, keep, end], or the kernel's own alignment
+            t = q.shape[2]
+            a = rows_attention.attend(q, keys, values, shown, attn.scaling) if t <= ROWS else None  # exact_rows'
+            if a is None and t > ROWS and not holes and frames_attention.runs(q, keys, values, causal=True):
                 a = frames_attention.attend(q, keys, values, attn.scaling, causal=True)  # a prompt's, every mode's
             if a is None:  # kernel_rows, without its checks: a CPU, no dropout, a bool mask or none
                 a, _ = fp32_by_rows(attn, q, keys, values, shown, dropout=0.0, scaling=attn.scaling)
-            x, h = self.ops.add_rms(x, o(a.reshape(B, T, -1)), n2)  # a [B, T, heads, hd]
+            x, h = self.ops.add_rms(x, o(a.reshape(B, t, -1)), n2)  # a [B, t, heads, hd]
             g, u = gate_up(h)
             y = down(act(g) * u)
         return self.ops.add_rms(x, y, self.norm)[1]
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
-        h = self._hidden(tokens, mask, positions)
+        h = self._hidden(tokens, mask, positions, keep)
         return self.head(h[:, -keep:].contiguous() if keep else h)  # dense rows: see Decoder._call
 
     def prefill(self, tokens, mask, positions) -> None:
