@@ -15,12 +15,17 @@ in the same rounds. The machine is shared: contenders run A B C A B C ..., start
     inductor-i8 / inductor-i4   torch.compile(mode="max-autotune") of int8pack / int4pack (--inductor: slow
                 to compile, one compile per shape and M; the CPU GEMM templates for weight-only int8/int4)
     q4_k, q6_k, q8_0, q5_0, ...   specdec's GGUF-block matmul (kernels/qmatmul.py) on blocks of that type
+    q4_k-prompt, q5_k-prompt, q6_k-prompt   its prompt kernel (qmatmul.prompt_mm, AVX-512 VNNI or AVX2): 16 weight
+                rows unpacked and interleaved every call, then 64 products an instruction with a zmm's lanes 16
+                outputs. The packing is most of a small call; time(M) − time(1) is what a row costs that way
 
 Each contender rotates over copies of its weight that together exceed the last-level cache (--cache-mb), so a
 call reads its weight from memory as a model's layer does, not from a warm cache.
 
     .venv/bin/python benchmarks/qmatmul_speed.py                       # every shape, M = 1 2 5 9 16 33
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes gate_up --rows 1,9 --contenders bf16,q4_k --json out.json
+    .venv/bin/python benchmarks/qmatmul_speed.py --shapes gate_up,down --rows 1,2,5,9,16 \
+        --contenders bf16,q4_k,q4_k-prompt,q6_k,q6_k-prompt   # what a row costs each way
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes w_qkv,w_proj,w_fc1,w_fc2,w_output --rows 1,5,11 \
         --contenders bf16,fbgemm-i8,i8rows,q8_0      # Whisper base's decoder: transcribe --target-int8
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes w_proj,w_fc1,w_fc2,w_output --rows 1,4,11,44 \
@@ -163,11 +168,25 @@ def make_gguf(qtype):
     return make
 
 
+def make_prompt(qtype):
+    def make(N, K, cache_mb):
+        from specdec_cli.kernels import qmatmul
+
+        blocks = [qmatmul.random_blocks(qtype, N, K, seed=s)
+                  for s in range(_copies(qmatmul.block_bytes(qtype, N, K), cache_mb))]
+        if qmatmul.prompt_mm(torch.zeros(1, K), blocks[0], qtype, N, K) is None:
+            raise RuntimeError("the prompt kernel does not run here (qmatmul.prompt_mm)")
+        return lambda x, i: qmatmul.prompt_mm(x, blocks[i % len(blocks)], qtype, N, K)
+
+    return make
+
+
 CONTENDERS = {"bf16": make_bf16, "fp32": make_fp32, "f32rows": make_f32rows, "bf16rows": make_bf16rows,
               "bf16pair": make_bf16pair, "int8pack": make_int8pack, "int4pack": make_int4pack, "fbgemm-i8": make_fbgemm,
               "i8rows": make_i8rows, "ao-i8wo": make_ao_i8wo, "inductor-i8": make_inductor("i8"), "inductor-i4": make_inductor("i4")}
 GGUF_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 CONTENDERS.update({t: make_gguf(t) for t in GGUF_TYPES})
+CONTENDERS.update({f"{t}-prompt": make_prompt(t) for t in ("q4_k", "q5_k", "q6_k")})
 
 
 def measure(fns: dict, x: torch.Tensor, rounds: int, target_s: float) -> dict[str, list[float]]:
