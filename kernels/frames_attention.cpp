@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -270,6 +271,17 @@ int best_path() {
   return p;
 }
 
+// f(std::integral_constant<int, RR>{}) for a tile of r = RR rows (1 .. R)
+template <typename F>
+void with_rows(int r, F&& f) {
+  switch (r) {
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
+}
+
 template <int64_t D>
 void attend_d(const torch::Tensor& qf, const torch::Tensor& kt, const torch::Tensor& vf, torch::Tensor& out, bool causal,
               int64_t path) {
@@ -288,17 +300,9 @@ void attend_d(const torch::Tensor& qf, const torch::Tensor& kt, const torch::Ten
       for (int i = 0; i < R; i++) h.end[i] = causal ? std::min(h.S, S - T + m0 + i + 1) : S;
       const float* qr = qp + (bh * T + m0) * D;
 #if FA_X86
-      if (path == AVX512) {
-        if (r == 4) rows_avx512<D, 4>(h, qr, s.data(), o.data());
-        else if (r == 3) rows_avx512<D, 3>(h, qr, s.data(), o.data());
-        else if (r == 2) rows_avx512<D, 2>(h, qr, s.data(), o.data());
-        else rows_avx512<D, 1>(h, qr, s.data(), o.data());
-      } else if (path == AVX2) {
-        if (r == 4) rows_avx2<D, 4>(h, qr, s.data(), o.data());
-        else if (r == 3) rows_avx2<D, 3>(h, qr, s.data(), o.data());
-        else if (r == 2) rows_avx2<D, 2>(h, qr, s.data(), o.data());
-        else rows_avx2<D, 1>(h, qr, s.data(), o.data());
-      } else
+      if (path == AVX512) with_rows(r, [&](auto rr) { rows_avx512<D, decltype(rr)::value>(h, qr, s.data(), o.data()); });
+      else if (path == AVX2) with_rows(r, [&](auto rr) { rows_avx2<D, decltype(rr)::value>(h, qr, s.data(), o.data()); });
+      else
 #endif
         rows_portable<D>(h, qr, r, s.data(), o.data());
       for (int i = 0; i < r; i++) std::copy(o.data() + i * D, o.data() + (i + 1) * D, op + ((b * T + m0 + i) * H + hh) * D);

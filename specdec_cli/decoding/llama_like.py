@@ -180,7 +180,7 @@ class LlamaLike(Decoder):
             keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
             if i == trim:  # the last `keep` queries: a pass's rows, aligned at the last key
                 q, x = q[:, :, -keep:], x[:, -keep:].contiguous()  # [B, heads, keep, hd], [B, keep, d]
-                shown = shown[:, :, -keep:] if holes else None  # [B, 1, keep, end], or the kernel's own alignment
+                shown = shown[:, :, -keep:] if holes and shown is not None else None  # [B, 1, keep, end] or aligned
             t = q.shape[2]
             a = rows_attention.attend(q, keys, values, shown, attn.scaling) if t <= ROWS else None  # exact_rows'
             if a is None and t > ROWS and not holes and frames_attention.runs(q, keys, values, causal=True):
