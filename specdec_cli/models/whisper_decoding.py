@@ -52,9 +52,9 @@ def encode(model: LoadedModel, feats: torch.Tensor) -> torch.Tensor:
 
 
 def frames_attention(module, query, key, value, attention_mask, **kwargs):
-    """The encoder's self-attention through kernels/frames_attention where it takes the call (a CPU with AVX2
-    or AVX-512, heads 64 wide) and nothing it leaves out is asked for (a mask, dropout, the weights), else transformers' sdpa.
-    -> (out [B, S, H, D], None)."""
+    """The encoder's self-attention through kernels/frames_attention where it takes the call (a CPU with AVX2 or
+    AVX-512, heads 64 wide) and nothing it leaves out is asked for (a mask, dropout, the weights), else transformers'
+    sdpa. -> (out [B, S, H, D], None)."""
     if attention_mask is None and not kwargs.get("dropout") and not kwargs.get("output_attentions") \
             and kernels_frames.runs(query, key, value):
         scale = kwargs.get("scaling")
