@@ -24,18 +24,20 @@ BF16_AVX512_FN inline __m256i bf16_c10(__m512 v) {  // any values
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(bf16_rne32(v), nan, _mm512_set1_epi32(0x7FC0)));
 }
 
-BF16_AVX512_FN inline __m128i bf16_c10_8(__m256 v) {  // any values, 8 of them
+// 8 finite values, each in its 32-bit lane's low half (bf16_rne32's rule, AVX2)
+BF16_AVX2_FN inline __m256i bf16_rne32_8(__m256 v) {
   const __m256i b = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  return _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+}
+
+BF16_AVX512_FN inline __m128i bf16_c10_8(__m256 v) {  // any values, 8 of them
   const __mmask8 nan = _mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm256_cvtepi32_epi16(_mm256_mask_mov_epi32(r, nan, _mm256_set1_epi32(0x7FC0)));
+  return _mm256_cvtepi32_epi16(_mm256_mask_mov_epi32(bf16_rne32_8(v), nan, _mm256_set1_epi32(0x7FC0)));
 }
 
 BF16_AVX2_FN inline __m128i bf16_rne8(__m256 v) {  // 8 finite values, AVX2
-  const __m256i b = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i r = bf16_rne32_8(v);
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
 }
 #endif

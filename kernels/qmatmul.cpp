@@ -1523,7 +1523,6 @@ VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, 
 
 // Weight rows [n0, n1) as the fp32 values the file means (dequantize, below): d·w − dmin·m_j, d·w + m, or d·w;
 // into out [N, K] fp32, or bf16 (T = uint16_t) rounded to nearest, ties to even (torch's .to(bfloat16)).
-
 template <typename T>
 VNNI_FN void dequantize_rows_avx512(const Call& c, int64_t n0, int64_t n1, T* out) {
   alignas(64) int16_t w[256];
