@@ -31,6 +31,12 @@
 
 namespace {
 
+// How far ahead of the keys and values being read they are fetched: a [4, 8, 1 500, 64] bf16 cross-attention, 6
+// layers from memory, took 2.39 ms fetching the next 2 KB, 1.94 at 16 KB (T = 1; T = 2, 5: 1.2x as well; one process,
+// interleaved, AMD EPYC Zen 5); an fp32 K/V reads twice the bytes a key: the same distance in bytes
+constexpr int64_t AHEAD_BYTES = 16384;
+inline int64_t ahead_keys(int64_t unit_bytes) { return std::max<int64_t>(1, AHEAD_BYTES / unit_bytes); }
+
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) {  // exact
   uint32_t bits = (uint32_t)v.x << 16;
@@ -315,6 +321,7 @@ template <typename TK, int MB>
 void weighted_values(const TK* v, int64_t vstride, int64_t D, int64_t S, int64_t jend, const float* s,
                      const float* l, float* o) {
   constexpr int CB = ACCS / MB >= 8 ? 8 : ACCS / MB;
+  const int64_t ahead = ahead_keys(D * (int64_t)sizeof(TK));
   for (int64_t c0 = 0; c0 < D / 16; c0 += CB) {
     const int cn = (int)std::min<int64_t>(CB, D / 16 - c0);
     V acc[MB][CB];
@@ -326,7 +333,7 @@ void weighted_values(const TK* v, int64_t vstride, int64_t D, int64_t S, int64_t
       for (int m = 0; m < MB; m++) live[m] = s[m * S + j] != 0.f, any |= live[m], e[m] = vset(s[m * S + j]);
       if (c0 == 0)  // a later row's values, from memory
         for (int64_t i = 0; i < D * (int64_t)sizeof(TK); i += 64)
-          __builtin_prefetch((const char*)(v + (j + 16) * vstride) + i);
+          __builtin_prefetch((const char*)(v + (j + ahead) * vstride) + i);
       if (!any) continue;
       const TK* vj = v + j * vstride + 16 * c0;
       for (int c = 0; c < CB; c++) {
@@ -380,10 +387,11 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
   // s[m, j] = q_m · k_j for j < jend (past a member's end too: its softmax reads only j < end)
   int64_t j0 = 0;
 #if SIMD16
+  const int64_t ahead = ahead_keys(KB * D * (int64_t)sizeof(TK)) * KB;
   if (D % 16 == 0)
     for (; j0 + KB <= jend; j0 += KB) {
-      for (int64_t i = 0; i < KB * D * (int64_t)sizeof(TK); i += 64)  // the next block's keys, from memory
-        __builtin_prefetch((const char*)(k + (j0 + KB) * a.ks[2]) + i);
+      for (int64_t i = 0; i < KB * D * (int64_t)sizeof(TK); i += 64)  // keys AHEAD_BYTES on, from memory
+        __builtin_prefetch((const char*)(k + (j0 + ahead) * a.ks[2]) + i);
       if (M == 1) {
         dots_block<TK>(qf, D, k + j0 * a.ks[2], a.ks[2], s + j0);
         continue;
