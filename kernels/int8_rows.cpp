@@ -36,6 +36,11 @@
 
 namespace {
 
+// How far ahead of the weights being multiplied they are fetched (AVX-512 path): Whisper base's 61 int8 layers in
+// model order at 4 rows (a step over four windows) took 1.78 ms with the hardware's prefetch alone, 1.23 at 4 or 16 KB
+// ahead (20 rows 2.92 -> 2.51; one process, interleaved, AMD EPYC Zen 5, same outputs)
+constexpr int64_t AHEAD_BYTES = 16384;
+
 enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };  // as qmatmul's
 
 struct Call {
@@ -192,12 +197,15 @@ VNNI_FN void block_avx512_r(const Call& c, int64_t nb, int64_t m0) {
     for (int b = 0; b < NBW; b++)
       for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_setzero_si512();
   const int64_t K4 = c.K / 4, step = c.K * 16;
-  const int8_t* wb = c.w + nb * step;
+  const int8_t *wb = c.w + nb * step, *end = c.w + c.NB * step;
   for (int64_t kk = 0; kk < K4; kk += 2)
     for (int h = 0; h < 2; h++) {
       __m512i a[R];
       for (int i = 0; i < R; i++) a[i] = _mm512_set1_epi32(load4(c.xu + (m0 + i) * c.K + (kk + h) * 4));
       for (int b = 0; b < NBW; b++) {
+        const int64_t ahead = (kk + h) * 64 + AHEAD_BYTES;  // past the block: the same block of the next NBW
+        const int8_t* p = wb + (ahead < step ? b * step + ahead : (NBW + b) * step + ahead - step);
+        if (p < end) _mm_prefetch((const char*)p, _MM_HINT_T0);
         const __m512i w = _mm512_loadu_si512(wb + b * step + (kk + h) * 64);
         for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_dpbusd_epi32(acc[h][b][i], a[i], w);
       }
