@@ -46,6 +46,10 @@ enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3 };
 
 constexpr int MR = 3, NR = 4;  // the AVX2 tile: rows of x × rows of W
 constexpr int BLOCK = 8;       // rows of W a task takes at a time
+// A call of few rows fetches W's rows AHEAD_BLOCKS tiles on while it reads a tile's (AVX-512 path): Whisper base's 61
+// bf16 layers in model order at 4 rows took 3.90 ms with the hardware's prefetch alone, 2.99 one tile ahead, 3.14 two,
+// 3.30 four (one process, interleaved, AMD EPYC Zen 5, same outputs)
+constexpr int AHEAD_BLOCKS = 1;
 
 // an fp32 weight as it is, a bf16 one (its bits) widened exactly
 inline float widen(float w) { return w; }
@@ -189,10 +193,14 @@ struct Pairs {
 // R rows of x × 2P rows of W over k = 0 … K8 − 1, from zero: accumulator (i, j) holds outputs (m0 + i, n0 + 2j) and
 // (m0 + i, n0 + 2j + 1)
 template <int R, int P, typename W>
-AVX512_FN void fmas_avx512(const float* x, int64_t K, const Pairs<W>& src, int64_t K8, __m512 (&a)[R][P]) {
+AVX512_FN void fmas_avx512(const float* x, int64_t K, const Pairs<W>& src, int64_t K8, __m512 (&a)[R][P],
+                           const char* ahead = nullptr) {
   for (int i = 0; i < R; i++)
     for (int j = 0; j < P; j++) a[i][j] = _mm512_setzero_ps();
+  constexpr int64_t STEP = 2 * P * 8 * sizeof(W);  // bytes of W a k step reads
   for (int64_t k = 0; k < K8; k += 8) {
+    if (ahead)  // the tile AHEAD_BLOCKS on, swept as this one is
+      for (int64_t l = 0; l < STEP; l += 64) _mm_prefetch(ahead + k / 8 * STEP + l, _MM_HINT_T0);
     __m512 xv[R];
     for (int i = 0; i < R; i++) xv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
     for (int j = 0; j < P; j++) {
@@ -237,7 +245,9 @@ template <int R, int P, typename W>
 AVX512_FN void tile_avx512(const Call<W>& c, int64_t m0, int64_t n0) {
   __m512 a[R][P];
   const int64_t K8 = c.K / 8 * 8;
-  fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, K8, a);
+  const bool fetch = m0 == 0 && n0 + (AHEAD_BLOCKS + 1) * 2 * P <= c.N;  // once a call, within W
+  fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, K8, a,
+                    fetch ? (const char*)(c.w + (n0 + AHEAD_BLOCKS * 2 * P) * c.K) : nullptr);
   for (int i = 0; i < R; i++) {
     if constexpr (P == 4)
       if (K8 == c.K) {
