@@ -18,8 +18,7 @@
 // -ffp-contract=off: the tree's adds stay adds.
 //
 // Cost: the weights are read from memory once per call whatever M (a block of 8 rows stays in L1 while every row of x
-// passes over it; with AVX-512 and more than 4 rows, widened once into a buffer, K in chunks of 256, the next block
-// prefetched), so a step of one row reads what a pass of eleven does; torch's fp32 GEMM (MKL) read Whisper base's
+// passes over it, the next one fetched meanwhile), so a step of one row reads what a pass of eleven does; torch's fp32 GEMM (MKL) read Whisper base's
 // 51 865 × 512 output layer at ~5 GB/s for 4 rows (benchmarks/README.md, fifteenth session). Many rows are bound by
 // the fp32 multiply-adds (sixteenth session: ~60 % of their peak on a Zen 5).
 
@@ -48,7 +47,9 @@ constexpr int MR = 3, NR = 4;  // the AVX2 tile: rows of x × rows of W
 constexpr int BLOCK = 8;       // rows of W a task takes at a time
 // A call of few rows fetches W's rows AHEAD_BLOCKS tiles on while it reads a tile's (AVX-512 path): Whisper base's 61
 // bf16 layers in model order at 4 rows took 3.90 ms with the hardware's prefetch alone, 2.99 one tile ahead, 3.14 two,
-// 3.30 four (one process, interleaved, AMD EPYC Zen 5, same outputs)
+// 3.30 four (one process, interleaved, AMD EPYC Zen 5, same outputs). With it, tiles of 4 rows reading W as it is beat
+// a copy of each block widened to fp32 once for calls of many rows (sixteenth session): 8 rows 4.89 -> 3.39 ms,
+// 20 rows 8.75 -> 7.53, 44 rows 15.0 -> 14.3; that copy is gone.
 constexpr int AHEAD_BLOCKS = 1;
 // The AVX2 path likewise, one tile of NR rows on: the same 61 layers in fp32 (as an AVX2 CPU holds them) at 4 rows
 // 8.12 -> 4.44 ms, 8 rows 11.1 -> 6.1 (the AVX2 path forced on the same Zen 5; two or four tiles on: 4.52, 4.85)
@@ -275,68 +276,9 @@ AVX512_FN void rows_avx512(const Call<W>& c, int64_t n0) {
   else if (c.M - m == 1) tile_avx512<1, P>(c, m, n0);
 }
 
-constexpr int64_t KC = 256;  // a chunk of K: W's chunk (4 KB) and x's (M · 512 B) stay in L1 while the tiles sweep it
-
-// R rows of x over k0 … k1 − 1 against wp, a block's chunk of W widened and paired once for every tile of x (pair j's
-// 16 values of step s at wp[(s · P + j) · 16]); the accumulators start at zero (k0 = 0) or from acc, and go back there
-template <int R>
-AVX512_FN void chunk_tile(const float* x, int64_t K, const float* wp, int64_t k0, int64_t k1, float* acc) {
-  constexpr int P = BLOCK / 2;
-  __m512 a[R][P];
-  for (int i = 0; i < R; i++)
-    for (int j = 0; j < P; j++) a[i][j] = k0 ? _mm512_loadu_ps(acc + (i * P + j) * 16) : _mm512_setzero_ps();
-  const float* w = wp;
-  for (int64_t k = k0; k < k1; k += 8, w += P * 16) {
-    __m512 xv[R];
-    for (int i = 0; i < R; i++) xv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
-    for (int j = 0; j < P; j++) {
-      const __m512 wv = _mm512_loadu_ps(w + j * 16);
-      for (int i = 0; i < R; i++) a[i][j] = _mm512_fmadd_ps(xv[i], wv, a[i][j]);
-    }
-  }
-  for (int i = 0; i < R; i++)
-    for (int j = 0; j < P; j++) _mm512_storeu_ps(acc + (i * P + j) * 16, a[i][j]);
-}
-
-// BLOCK rows of W against every row of x (a call of many rows: the multiply-adds are the cost), K in chunks; each
-// output's lanes still run over k in increasing order, kept in acc between chunks
-template <typename W>
-AVX512_FN void block_packed(const Call<W>& c, int64_t n0) {
-  constexpr int P = BLOCK / 2;
-  static thread_local std::vector<float> wbuf, acc;
-  wbuf.resize(KC * BLOCK);
-  acc.resize(c.M * P * 16);
-  const int64_t K = c.K, K8 = K / 8 * 8;
-  const Pairs<W> w{c.w + n0 * K, K};
-  for (int64_t k0 = 0; k0 < K8; k0 += KC) {
-    const int64_t k1 = std::min(K8, k0 + KC);
-    for (int64_t k = k0; k < k1; k += 8)
-      for (int j = 0; j < P; j++) _mm512_storeu_ps(wbuf.data() + ((k - k0) / 8 * P + j) * 16, w.at(j, k));
-    const float* src = wbuf.data();
-    if (n0 + 2 * BLOCK <= c.N)  // the next block's chunk on its way from memory while this one's tiles run
-      for (int r = 0; r < BLOCK; r++)
-        for (int64_t k = k0; k < k1; k += 64 / sizeof(W)) _mm_prefetch((const char*)(w.w + (BLOCK + r) * K + k), _MM_HINT_T0);
-    int64_t m = 0;
-    for (; m + 4 <= c.M; m += 4) chunk_tile<4>(c.x + m * K, K, src, k0, k1, acc.data() + m * P * 16);
-    float* am = acc.data() + m * P * 16;
-    if (c.M - m == 3) chunk_tile<3>(c.x + m * K, K, src, k0, k1, am);
-    else if (c.M - m == 2) chunk_tile<2>(c.x + m * K, K, src, k0, k1, am);
-    else if (c.M - m == 1) chunk_tile<1>(c.x + m * K, K, src, k0, k1, am);
-  }
-  for (int64_t m = 0; m < c.M; m++) {
-    __m512 a[P];
-    for (int j = 0; j < P; j++) a[j] = K8 ? _mm512_loadu_ps(acc.data() + (m * P + j) * 16) : _mm512_setzero_ps();
-    if (K8 == K) {
-      finish8(c, m, n0, a);
-      continue;
-    }
-    for (int j = 0; j < P; j++) finish2(c, m, n0 + 2 * j, a[j], K8);
-  }
-}
-
 template <typename W>
 AVX512_FN void block_avx512(const Call<W>& c, int64_t n0, int nr) {
-  if (nr == BLOCK) return c.M > 4 ? block_packed(c, n0) : rows_avx512<BLOCK / 2>(c, n0);
+  if (nr == BLOCK) return rows_avx512<BLOCK / 2>(c, n0);
   int j = 0;
   for (; j + 2 <= nr; j += 2) rows_avx512<1>(c, n0 + j);
   if (j < nr) rows_avx2<1>(c, n0 + j);  // an odd last row of W
