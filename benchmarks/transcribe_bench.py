@@ -8,15 +8,15 @@ Input sets:
 
 Contenders (greedy, so every contender must print the autoregressive transcript: checked and reported):
     autoregressive               the target alone
-    self N=… τ=… γ=…             the self draft (drafts/lean_whisper.LeanDraft): every decoder layer of the target, int4
+    self N=… τ=… γ=…             the self draft (drafts/lean_whisper.LeanDraft): every decoder layer of the target, int8
                                  weights, its output layer cut to ids [0, N) + EOT; a round's drafting ends after
                                  a token it gave less than τ (--draft-stop; τ = 0: always γ tokens); the target
                                  (ExactScorer) scores the round's tokens + 1 in one pass
-    self … bf16                  the same draft with the target's bf16 weights (--draft-int4 off): what int4 saves
+    self … bf16                  the same draft with the target's bf16 weights (--no-draft-int8): what int8 saves
     self:K …                     the first K layers (+ reduced output layer): what cutting layers costs
 
 Also: each draft's per-token agreement with the target's greedy token under teacher forcing (what greedy
-verification accepts, free of γ and of end-of-text effects), for the first K layers and each N (int4), and for
+verification accepts, free of γ and of end-of-text effects), for the first K layers and each N (int8), and for
 every layer in bf16.
 
 Times per contender and set: encoder = log-mel features + encoder + cross-attention K/V + the language /
@@ -78,7 +78,7 @@ def espeak_articles(out: Path, chars: int = 600) -> list[str]:
 
 
 def agreement(target: LoadedModel, audios, head_sizes) -> list[dict]:
-    """Teacher-forced agreement of each self draft (first K layers, output layer over N, int4; and every layer
+    """Teacher-forced agreement of each self draft (first K layers, output layer over N, int8; and every layer
     in bf16) with the target's greedy token: the draft reads the autoregressive transcript in one pass.
     audios: ≤ 30 s each."""
     whisper = target.model
@@ -97,16 +97,16 @@ def agreement(target: LoadedModel, audios, head_sizes) -> list[dict]:
             seq = torch.tensor([prompt + res.tokens[0][:-1]])
             cases.append((kv, seq, torch.arange(seq.shape[1])[None], torch.tensor(res.tokens[0])))
         out = []
-        for layers, n, int4 in ([(k, n, True) for k in range(1, n_layers + 1) for n in head_sizes]
+        for layers, n, int8 in ([(k, n, True) for k in range(1, n_layers + 1) for n in head_sizes]
                                 + [(n_layers, n, False) for n in head_sizes]):
-            lean, agree = lean_whisper.self_draft(target, f"self:{layers}", n, "int4" if int4 else None), 0
+            lean, agree = lean_whisper.self_draft(target, f"self:{layers}", n, "int8" if int8 else None), 0
             for kv, seq, positions, want in cases:
                 d = lean.lean.window(kv, hook)
                 d.prefill(seq[:, :P], None, positions[:, :P])
                 logits = hook(d._call(seq[:, P:], None, positions[:, P:], 0), positions[:, P:] + 1)[0]  # [L − P, V]
                 agree += int((logits.argmax(-1) == want).sum())
             total = sum(len(c[3]) for c in cases)
-            out.append({"layers": layers, "head_size": n or target.output_size, "int4": int4,
+            out.append({"layers": layers, "head_size": n or target.output_size, "int8": int8,
                         "agreement": round(agree / total, 4), "tokens": total})
     return out
 
@@ -168,7 +168,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--repeat", type=int, default=2, help="interleaved passes over every contender")
     ap.add_argument("--grid", default=DEFAULT_GRID, help="self-draft contenders N:τ:γ, comma-separated")
-    ap.add_argument("--bf16", default="16384:0.8:8", help="N:τ:γ of self drafts also run with bf16 weights (no int4)")
+    ap.add_argument("--bf16", default="16384:0.8:8", help="N:τ:γ of self drafts also run with bf16 weights (no int8)")
     ap.add_argument("--cut-layers", default="5", help="self:K drafts (first K layers) timed on the short clips")
     ap.add_argument("--long-repeats", type=int, default=3, help="LibriVox clips joined this many times")
     ap.add_argument("--espeak", action="store_true", help="add the 'news' set: the start (600 characters) of each "
@@ -193,13 +193,13 @@ def main():
     agree = agreement(target, sets["short"] + [w.audio for a in sets.get("news", []) for w in windows(a)],
                       sorted({n for n, _, _ in grid}))
 
-    drafts = {}  # (N, layers, int4) -> the draft, built once
+    drafts = {}  # (N, layers, int8) -> the draft, built once
 
-    def self_draft(n, layers=None, int4=True):
-        key = (n, layers, int4)
+    def self_draft(n, layers=None, int8=True):
+        key = (n, layers, int8)
         if key not in drafts:
             spec = "self" if layers is None else "self:" + ",".join(map(str, layers))
-            drafts[key] = lean_whisper.self_draft(target, spec, n, "int4" if int4 else None)
+            drafts[key] = lean_whisper.self_draft(target, spec, n, "int8" if int8 else None)
         return drafts[key]
 
     # name -> (draft, γ, mode, sets, τ)
@@ -207,7 +207,7 @@ def main():
     for n, tau, g in grid:
         contenders[f"self N={n} τ={tau:g} γ={g}"] = (self_draft(n), g, "exact", list(sets), tau)
     for n, tau, g in parse_grid(args.bf16):
-        contenders[f"self N={n} τ={tau:g} γ={g} bf16"] = (self_draft(n, int4=False), g, "exact", list(sets), tau)
+        contenders[f"self N={n} τ={tau:g} γ={g} bf16"] = (self_draft(n, int8=False), g, "exact", list(sets), tau)
     for k in [int(x) for x in args.cut_layers.split(",") if x]:
         if 1 <= k < n_layers:
             n, tau, g = DEFAULTS.draft_vocab, DEFAULTS.draft_stop, DEFAULTS.gamma
@@ -283,7 +283,7 @@ def main():
                            f"({len(long_audio) / 16000:.1f} s)",
                    "news": "examples/articles/*.txt (first 600 characters) read by espeak-ng" if args.espeak else None,
                    "seconds": {s: round(sum(len(a) for a in v) / 16000, 1) for s, v in sets.items()}},
-        "defaults": {"draft": "self (LeanDraft: every decoder layer of the target, int4)", "int4": DEFAULTS.draft_quantized,
+        "defaults": {"draft": "self (LeanDraft: every decoder layer of the target, int8)", "int8": DEFAULTS.draft_quantized,
                      "head_size": DEFAULTS.draft_vocab, "draft_stop": DEFAULTS.draft_stop, "gamma": DEFAULTS.gamma},
         "agreement": agree,
         "results": results,
@@ -320,7 +320,7 @@ def summary(report: dict) -> str:
                  "of the short clips and the news):")
     by_k: dict[int, list[str]] = {}
     for a in report["agreement"]:
-        by_k.setdefault(a["layers"], []).append(f"N={a['head_size']}{'' if a['int4'] else ' bf16'}: {a['agreement']:.3f}")
+        by_k.setdefault(a["layers"], []).append(f"N={a['head_size']}{'' if a['int8'] else ' bf16'}: {a['agreement']:.3f}")
     for k, cells in by_k.items():
         lines.append(f"  first {k} layers: " + ", ".join(cells))
     if report["best_by_cpu_time"]:

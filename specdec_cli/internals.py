@@ -236,28 +236,6 @@ def int8_weight_mm(x, qweight, scale):
     return torch.ops.aten._weight_int8pack_mm(x, qweight, scale)
 
 
-def has_int4_kernels() -> bool:
-    import torch
-
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
-
-
-def int4_pack(q, inner_k_tiles: int = 2):
-    """q [out, in] int32 in 0..15 -> the CPU int4 kernel's packed layout. Relies on:
-    `torch.ops.aten._convert_weight_to_int4pack_for_cpu`."""
-    import torch
-
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, inner_k_tiles)
-
-
-def int4_weight_mm(x, packed, group: int, scales_zeros):
-    """x [rows, in] · dequant(packed)ᵀ -> [rows, out], w = (q − 8)·scale + zero per group of `group` inputs.
-    Relies on: `torch.ops.aten._weight_int4pack_mm_for_cpu`."""
-    import torch
-
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_zeros)
-
-
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -316,6 +294,4 @@ def check() -> list[str]:
     need("torch.nn.Module._modules / _parameters / _buffers",
          lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), n), dict) for n in ("_modules", "_parameters", "_buffers")))
     need("torch.ops.aten._weight_int8pack_mm", lambda: hasattr(torch.ops.aten, "_weight_int8pack_mm"))
-    need("torch.ops.aten._weight_int4pack_mm_for_cpu", has_int4_kernels)
-    need("torch.ops.aten._convert_weight_to_int4pack_for_cpu", lambda: hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"))
     return problems

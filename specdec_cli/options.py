@@ -276,9 +276,9 @@ class TranscribeOptions(DecodeOptions):
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
     draft_stop: float = 0.8
-    draft_quantized: bool = option(True, f"Give the self draft int4 weights (int8 rows where the model runs in fp32), "
-                                   f"or with --target-int8 the target's own int8 rows (CPU only): {_DRAFT_CHEAPER}.",
-                                   flag="--draft-int4/--no-draft-int4")  # drafts/lean_whisper.py
+    draft_quantized: bool = option(True, f"Give the self draft int8 weights, with --target-int8 the target's own int8 "
+                                   f"rows, and cross-attention over 2 frames a key (CPU only): {_DRAFT_CHEAPER}.",
+                                   flag="--draft-int8/--no-draft-int8")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")
     task: str = option("transcribe", "transcribe | translate (into English; multilingual models only).", flag="--task")

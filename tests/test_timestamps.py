@@ -270,7 +270,7 @@ def base(session_model_cache):
 def test_base_timestamps_speculative_equals_autoregressive_on_speech(base, monkeypatch):
     """The LibriVox clips and the 74 s recording made of them (three windows: times offset by each window's
     start), Whisper base in bf16 with timestamps: the default self draft (reduced output layer + the
-    timestamp ids, int4), exact and baseline, token for token the autoregressive tokens."""
+    timestamp ids, int8), exact and baseline, token for token the autoregressive tokens."""
     clips = librivox_clips()
     joined = T.joined_librivox(3)
     if not clips or joined is None:

@@ -22,7 +22,7 @@ from conftest import assert_same_up_to_rounding, save_tiny_whisper, torch_thread
 from specdec_cli.bench.metrics import wer
 from specdec_cli.cli import app
 from specdec_cli.decoding.exact_rows import RowLinear, row_linear
-from specdec_cli.drafts.int4 import linear, pack_int4
+from specdec_cli.drafts import lean_whisper
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import rows_attention
 from specdec_cli.models import cpu_has_fast_bf16
@@ -87,13 +87,13 @@ def test_tiny_whisper_loads_by_path_and_speculative_equals_autoregressive(tiny, 
                 assert sp.stats.draft_tokens > 0
 
 
-def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, int4=False):
+def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, quantized=False):
     """(the draft's LeanDraft, transformers' decoder through WindowDecoder) on one random encoder output."""
     torch.manual_seed(1)
     whisper = tiny.model
     encoded = torch.randn(B, 1500, whisper.config.d_model, dtype=dtype)
     kv = cross_kv(whisper.model.decoder.layers, encoded)
-    draft = T.load_draft(draft_spec, tiny, draft_vocab=head_size or 0, draft_quantized=int4).lean.window(kv)
+    draft = T.load_draft(draft_spec, tiny, draft_vocab=head_size or 0, draft_quantized=quantized).lean.window(kv)
     draft.dummy = None  # never abstain: every step's logits are compared
     model = whisper
     if draft.layer_ids != tuple(range(len(whisper.model.decoder.layers))):  # transformers' decoder cut the same way
@@ -109,7 +109,7 @@ def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, in
 
 @pytest.mark.parametrize("spec", ["self", "self:2", "self:0,2"])
 def test_lean_draft_computes_what_transformers_decoder_computes(tiny, spec):
-    """fp32, no int4: prefill, several tokens at once, one at a time, holes (rows that accepted fewer drafts),
+    """fp32, no int8: prefill, several tokens at once, one at a time, holes (rows that accepted fewer drafts),
     crop, select: the lean step's logits are transformers' own."""
     draft, ref = _decoder_pair(tiny, spec)
     tokens = torch.randint(0, 259, (2, 12))
@@ -139,9 +139,9 @@ def test_lean_draft_computes_what_transformers_decoder_computes(tiny, spec):
         both(10, 11, mask=True)
 
 
-def test_lean_draft_output_layer_subset_and_int4(tiny, tiny_dir):
+def test_lean_draft_output_layer_subset_and_int8(tiny, tiny_dir, monkeypatch):
     draft, ref = _decoder_pair(tiny, "self", head_size=100)
-    assert draft.head_rows == 112 and draft.keep[-1] == 259  # ids [0, 111) (rows by 16 for int4) and <|endoftext|>
+    assert draft.head_rows == 112 and draft.keep[-1] == 259  # ids [0, 111) (rows by 16) and <|endoftext|>
     tokens, positions = torch.randint(0, 259, (2, 4)), torch.arange(4)[None].repeat(2, 1)
     with torch.inference_mode():
         a, b = draft.forward(tokens, None, positions), ref.forward(tokens, None, positions)
@@ -150,24 +150,22 @@ def test_lean_draft_output_layer_subset_and_int4(tiny, tiny_dir):
     assert_same_up_to_rounding(a[..., kept], b[..., kept], whisper_decoder_sums(tiny.model.config, keys=4))
     assert torch.isinf(a[..., ~kept]).all()
 
-    # int4: the kernel computes x·Wᵀ with W = (q − 8)·scale + zero (torch's convention, checked here), and
-    # the draft stays close to the target (a draft's error costs acceptance, never exactness)
-    w = torch.randn(48, 64)
-    packed = pack_int4(w)
-    x = torch.randn(3, 64)
-    groups = w.reshape(48, 2, 32)
-    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-    dequant = (((groups - lo) / ((hi - lo) / 15)).round() * (hi - lo) / 15 + lo).reshape(48, 64)
-    assert_same_up_to_rounding(linear(x, (None, packed, None)), x @ dequant.T, sums=64)
-    assert (dequant - w).abs().max() <= (hi - lo).max() / 30 + 1e-6
-    # int4 wants bf16 activations (torch's int4 GEMV has no fast path for fp32 ones): an fp32 model's draft takes int8
-    assert _decoder_pair(tiny, "self", head_size=100, int4=True)[0].weights == "int8"
+    # int8 (the default on a CPU, fp32 or bf16 activations): every layer and the output layer on int8 rows, and the
+    # draft stays close to the target (a draft's error costs acceptance, never exactness); the frames' K/V first as they
+    # are (FRAMES = 1), then pooled by two: these random frames are unlike neighbours, so pooling moves them far more
+    # than a recording's, yet a wrong layout would move them further (> 1)
     half = load_whisper(str(tiny_dir), dtype="bfloat16", device="cpu", progress=False)
-    draft4, _ = _decoder_pair(half, "self", torch.bfloat16, head_size=100, int4=True)  # 112 rows: int4 (269 would not)
-    assert draft4.weights == "int4" and draft4.head[1] is not None and all(p["fc1"][1] is not None for p in draft4.layers)
-    with torch.inference_mode():
-        z = draft4.forward(tokens, None, positions)[..., kept].float()
-    assert float((z - b[..., kept]).norm() / b[..., kept].norm()) < 0.35  # random weights, 4 bits: 0.24 (a wrong layout: > 1)
+    for frames, bound in ((1, 0.35), (2, 0.8)):
+        monkeypatch.setattr(lean_whisper, "FRAMES", frames)
+        for model, dtype in ((tiny, torch.float32), (half, torch.bfloat16)):
+            draft8, _ = _decoder_pair(model, "self", dtype, head_size=100, quantized=True)
+            assert draft8.weights == "int8" and all(p["fc1"][1] is not None for p in draft8.layers)
+            assert draft8.kv[0][0].shape[2] == 1500 // frames
+            with torch.inference_mode():
+                z = draft8.forward(tokens, None, positions)[..., kept].float()
+            assert float((z - b[..., kept]).norm() / b[..., kept].norm()) < bound, (frames, dtype)
+    t = torch.randn(2, 3, 7, 4)
+    assert torch.equal(lean_whisper.pooled(t), ((t[:, :, 0:6:2] + t[:, :, 1:6:2]) / 2).bfloat16())  # the 7th dropped
 
 
 def _steps_and_passes(whisper, encoded, kv, vocab):
@@ -244,7 +242,7 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     floats = [] if target_int8 else ["float_rows"]
     frames = ["frames_attention"] if frames_attention.cpu_takes() else []
     _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
-    assert draft.lean.weights == "int8"  # fp32: the lean self draft's int4 default is held as int8 rows
+    assert draft.lean.weights == "int8"  # the lean self draft's default
     assert built == ["rows_attention", "int8_rows", *floats, *frames]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
@@ -404,7 +402,7 @@ def test_cli_json_and_text(tiny_dir, speech_wav, tmp_path):
             assert o["stats"]["language"] == "en" and o["stats"]["windows"] == 1
         texts[mode] = [o["text"] for o in objs]
     assert texts["exact"] == texts["baseline"] == texts["autoregressive"]
-    r = transcribe_cli(speech_wav, *tiny_args(tiny_dir), "--no-draft-int4", "--draft-vocab", "0")
+    r = transcribe_cli(speech_wav, *tiny_args(tiny_dir), "--no-draft-int8", "--draft-vocab", "0")
     assert r.exit_code == 0 and r.stdout.strip() == texts["exact"][0], r.output
     r = transcribe_cli(speech_wav, *tiny_args(tiny_dir))
     assert r.exit_code == 0, r.output
@@ -564,7 +562,7 @@ def test_base_wer_on_librivox(speech):
     ("self:4", "exact", 4, 0.0),
 ])
 def test_base_greedy_speculative_equals_autoregressive(base, speech, draft, mode, gamma, min_acceptance):
-    """The lean self draft (the default: every layer, reduced output layer, int4; and first K layers) token for
+    """The lean self draft (the default: every layer, reduced output layer, int8; and first K layers) token for
     token: the target verifies γ+1 tokens per pass, each row bit for bit a one-token step (ExactScorer)."""
     files, audios, ar = speech
     sp = T.transcribe(base, T.load_draft(draft, base), files, audios=audios, mode=mode, gamma=gamma)

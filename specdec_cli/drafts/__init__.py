@@ -4,10 +4,10 @@
     lookup.py         prompt lookup: a draft without a model, verified as one-hot (and lookup+DRAFT)
     causal.py         a causal LM as the draft: another model, with a subset head and int8 weights
     layers.py         self:K for causal LMs: the target's first K layers, weights shared
-    lean_whisper.py   self for Whisper: the target's decoder in a lean int4 decoding step
+    lean_whisper.py   self for Whisper: the target's decoder in a lean int8 decoding step
     whisper_model.py  another Whisper model as the draft
     subset_head.py    an output layer over a subset of the vocabulary
-    int8.py, int4.py  low-bit draft weights on a CPU
+    int8.py           low-bit draft weights on a CPU
 
 Every draft kind follows decoding.draft.Draft and is built by one entry of BUILDERS, keyed by its kind in the
 --draft grammar and the target's family. A new kind is one module with a `build` and one line below. None of

@@ -1,17 +1,15 @@
 """The self draft of Whisper: the target's own decoder weights, run by a lean decoding step.
 
-    LeanDecoder  the decoding step: the target's decoder layers in plain torch ops, int4 (or int8) on a CPU
+    LeanDecoder  the decoding step: the target's decoder layers in plain torch ops, on int8 rows on a CPU
     LeanDraft    the draft kind (`self`, `self:K`, `self:0-2,4` for a Whisper target): a LeanDecoder per window
 
 LeanDecoder keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
 output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids when the task decodes them
 (−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
-compares argmaxes), and runs them in plain torch ops with int4 weights on a CPU instead of transformers'
-modules over bf16 weights. At batch 1 a step's time is the time to read its weights, and torch's bf16 GEMV
-reads them slowly on a CPU; the int4 GEMV reads a quarter of the bytes. For an int8 target (--target-int8) the
-draft takes the target's own int8 rows instead (kernels/int8_rows: per output row, so its layers compute what
-the target's compute): on the 74 s recording its acceptance went 0.895 → 0.94 at the same or a lower cost a step.
-Why every layer and not fewer: measured, see options.TranscribeOptions.
+compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int8 weights
+(kernels/int8_rows: a step reads a quarter of fp32's bytes, half of bf16's; for an int8 target, --target-int8, its
+own rows, so its layers compute what the target's compute) and cross-attention over keys and values that each stand
+for FRAMES frames. Why every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations
@@ -25,31 +23,39 @@ from torch import nn
 
 from specdec_cli.decoding import Batch, Decoder, ModelDraft
 from specdec_cli.drafts import spec
-from specdec_cli.drafts.int4 import linear, pack_int4
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import int8_rows, rows_attention
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
 
-WEIGHTS = ("int4", "int8")  # the draft's quantized forms on a CPU
+WEIGHTS = ("int8",)  # the draft's quantized forms on a CPU
 
 
 def weight_form(weights: str | None, embed: torch.Tensor) -> str | None:
-    """The draft's weights for `weights` (int4 | int8 | None) on a model whose embeddings are `embed`: None off a CPU;
-    int8 rows for int4 where the activations are fp32 (a CPU without bf16 arithmetic, models/device.py), torch's CPU
-    int4 GEMV being fast for bf16 ones only: a [1, 512] × [512, 2048] product took 1.14 ms with fp32 against 0.08
-    with bf16 on a Zen 3, 2 threads (int8 rows 0.07)."""
-    if weights not in WEIGHTS or embed.device.type != "cpu":
-        return None
-    return "int8" if weights == "int4" and embed.dtype != torch.bfloat16 else weights
+    """The draft's weights for `weights` (int8 | None) on a model whose embeddings are `embed`: None off a CPU."""
+    return weights if weights in WEIGHTS and embed.device.type == "cpu" else None
+
+
+# Frames a quantized draft's cross-attention key and value stand for (their mean). The 74 s recording, four windows,
+# one process (AMD EPYC Zen 5, 2 threads): int8 draft 2 frames a key 1.06x the target alone's decoding, 1 frame 0.95x
+# (acceptance 0.97 / 0.96; the draft step 2.4 / 3.3 ms); with the int8 target 4 frames accepted 0.90, 8 frames none
+FRAMES = 2
+
+
+def pooled(t: torch.Tensor) -> torch.Tensor:
+    """[B, heads, S, head_dim] -> [B, heads, S / FRAMES, head_dim] bf16, each the mean of FRAMES adjacent frames (in
+    fp32; the last S mod FRAMES frames dropped). Every key stands for as many frames, so softmax needs no count term."""
+    B, H, S, D = t.shape
+    n = S // FRAMES
+    return t[:, :, :n * FRAMES].float().reshape(B, H, n, FRAMES, D).mean(3).to(torch.bfloat16).contiguous()
 
 
 def _linear(x: torch.Tensor, lin: tuple) -> torch.Tensor:
-    """x [..., in] → [..., out] through LeanDecoder's lin = (weight or None, int4 pair | int8_rows.Packed | None, bias)."""
-    if isinstance(lin[1], int8_rows.Packed):
+    """x [..., in] → [..., out] through LeanDecoder's lin = (weight or None, int8_rows.Packed or None, bias)."""
+    if lin[1] is not None:
         return int8_rows.mm(x, lin[1], lin[2])
-    return linear(x, lin)
+    return nn.functional.linear(x, lin[0], lin[2])
 
 
 class LeanDecoder(Decoder):
@@ -57,7 +63,7 @@ class LeanDecoder(Decoder):
     [0, head_size) ∪ `extra_ids` (−inf elsewhere: zero probability off the subset, which exact verification
     allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
     in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
-    cross-attention K/V (cross_kv) used as they are and, on a CPU, `weights` int4 or int8 (None: the model's own;
+    cross-attention K/V (cross_kv; pooled() where quantized) and, on a CPU, `weights` int8 (None: the model's own;
     options.TranscribeOptions).
 
     What it computes, as transformers' WhisperDecoder does (pre-norm; every projection has a bias but k's):
@@ -70,7 +76,7 @@ class LeanDecoder(Decoder):
     Built once per loaded target; `window(kv, hook)` gives a copy for one window (weights shared, empty cache)."""
 
     def __init__(self, whisper, layers: Sequence[int], head_size: int | None, extra_ids: Sequence[int] = (), *,
-                 weights: str | None = "int4"):
+                 weights: str | None = "int8"):
         from transformers.activations import ACT2FN
 
         super().__init__(whisper)
@@ -90,8 +96,7 @@ class LeanDecoder(Decoder):
         def lin(weight, bias=None):  # (weight, packed or None, bias) for _linear()
             if self.weights == "int8":
                 return None, int8_rows.pack(weight.detach()), None if bias is None else bias.detach().float()
-            packed = pack_int4(weight) if self.weights == "int4" else None
-            return None if packed is not None else weight, packed, bias
+            return weight, None, bias
 
         def norm(m: nn.LayerNorm):
             return m.weight, m.bias, m.eps
@@ -120,7 +125,7 @@ class LeanDecoder(Decoder):
         else:
             extra = sorted({int(i) for i in extra_ids if head_size <= int(i) < self.vocab})
             rows = head_size + len(extra)
-            pad = min(-rows % 16, self.vocab - rows)  # the int4 kernel takes rows by 16: the next ids fill them
+            pad = min(-rows % 16, self.vocab - rows)  # rows by 16, the int8 kernel's blocks: the next ids fill them
             ids = sorted(set(range(head_size + pad)) | set(extra))
             self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
             self.head = lin(weight.index_select(0, self.keep))  # [N', d]
@@ -138,11 +143,11 @@ class LeanDecoder(Decoder):
         (cross_kv); hook = the logits hook. The weights are shared."""
         draft = copy.copy(self)
         draft.kv = [kv[i] for i in self.layer_ids]
-        if self.weights is not None and draft.kv[0][0].dtype == torch.float32 and rows_attention.KERNEL.module():
-            # a quantized draft reads the frames' K/V in bf16 (the rows kernel widens them): half the bytes of a
-            # step's largest read (4 windows: 147 MB of fp32 K/V for Whisper base), a draft step 14 → ~10 ms;
-            # the target keeps its own fp32 K/V, so the output is the target's as ever
-            draft.kv = [(k.to(torch.bfloat16), v.to(torch.bfloat16)) for k, v in draft.kv]
+        if self.weights is not None and rows_attention.KERNEL.module():
+            # a quantized draft reads the frames' K/V in bf16 (the rows kernel widens them), each key and value the
+            # mean of FRAMES adjacent frames': a step's largest read (4 windows: 147 MB of fp32 K/V for Whisper base)
+            # a quarter; the target keeps its own K/V, so the output is the target's as ever
+            draft.kv = [(pooled(k), pooled(v)) for k, v in draft.kv]
         draft.logits_hook = hook
         draft.reset()
         return draft
@@ -261,10 +266,10 @@ def refuse_timestamps(scores_timestamps: bool, batch: Batch) -> None:
 
 
 def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | None = None,
-               weights: str | None = "int4", timestamps: bool = False) -> LeanDraft:
+               weights: str | None = "int8", timestamps: bool = False) -> LeanDraft:
     """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDecoder
     over those decoder layers with an output layer over [0, head_size) ∪ head_extras (None, 0 or ≥ V: the whole
-    output layer), `weights` (int4, int8 or None: the model's own) on a CPU."""
+    output layer), `weights` (int8 or None: the model's own) on a CPU."""
     layers = spec.self_layers(draft_spec, len(decoder_layers(target)))
     if layers is None:
         raise ValueError(f"not a self draft: {draft_spec!r}")
@@ -273,7 +278,9 @@ def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | N
 
 
 def build(draft_spec: str, target: LoadedModel, opts: TranscribeOptions, progress: bool = True) -> LeanDraft:
-    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4, or
-    the target's int8 rows with --target-int8."""
-    weights = ("int8" if opts.target_int8 else "int4") if opts.draft_quantized else None
+    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int8 rows
+    (with --target-int8 the target's own). Int8 rows, not torch's int4 GEMV: with the rows kernels fetching their
+    weights ahead, the int8 draft step took 3.3 ms against int4's 3.9 and accepted 0.96 of its tokens (the 74 s
+    recording, four windows, AMD EPYC Zen 5)."""
+    weights = "int8" if opts.draft_quantized else None
     return self_draft(target, draft_spec, opts.draft_vocab, weights, opts.timestamps)
