@@ -18,9 +18,9 @@
 // -ffp-contract=off: the tree's adds stay adds.
 //
 // Cost: the weights are read from memory once per call whatever M (a block of 8 rows stays in L1 while every row of x
-// passes over it, the next one fetched meanwhile), so a step of one row reads what a pass of eleven does; torch's fp32 GEMM (MKL) read Whisper base's
-// 51 865 × 512 output layer at ~5 GB/s for 4 rows (benchmarks/README.md, fifteenth session). Many rows are bound by
-// the fp32 multiply-adds (sixteenth session: ~60 % of their peak on a Zen 5).
+// passes over it, the next one fetched meanwhile), so a step of one row reads what a pass of eleven does; torch's fp32
+// GEMM (MKL) read Whisper base's 51 865 × 512 output layer at ~5 GB/s for 4 rows (benchmarks/README.md, fifteenth
+// session). Many rows are bound by the fp32 multiply-adds (sixteenth session: ~60 % of their peak on a Zen 5).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

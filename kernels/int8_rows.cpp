@@ -125,7 +125,8 @@ AVX2_FN void block_avx2_r(const Call& c, int64_t nb, int64_t m0) {
   const int8_t *wb = c.w + nb * c.K * 16, *end = c.w + c.NB * c.K * 16;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t kk = 0; kk < c.K / 4; kk++) {
-    if (m0 == 0 && wb + kk * 64 + AHEAD_BYTES < end) _mm_prefetch((const char*)(wb + kk * 64 + AHEAD_BYTES), _MM_HINT_T0);
+    if (m0 == 0 && wb + kk * 64 + AHEAD_BYTES < end)  // once a call
+      _mm_prefetch((const char*)(wb + kk * 64 + AHEAD_BYTES), _MM_HINT_T0);
     const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + kk * 64));
     const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + kk * 64 + 32));
     for (int i = 0; i < R; i++) {
