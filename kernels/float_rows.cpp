@@ -45,15 +45,13 @@ enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512 = 3 };
 
 constexpr int MR = 3, NR = 4;  // the AVX2 tile: rows of x × rows of W
 constexpr int BLOCK = 8;       // rows of W a task takes at a time
-// A call of few rows fetches W's rows AHEAD_BLOCKS tiles on while it reads a tile's (AVX-512 path): Whisper base's 61
-// bf16 layers in model order at 4 rows took 3.90 ms with the hardware's prefetch alone, 2.99 one tile ahead, 3.14 two,
-// 3.30 four (one process, interleaved, AMD EPYC Zen 5, same outputs). With it, tiles of 4 rows reading W as it is beat
-// a copy of each block widened to fp32 once for calls of many rows (sixteenth session): 8 rows 4.89 -> 3.39 ms,
-// 20 rows 8.75 -> 7.53, 44 rows 15.0 -> 14.3; that copy is gone.
-constexpr int AHEAD_BLOCKS = 1;
-// The AVX2 path likewise, one tile of NR rows on: the same 61 layers in fp32 (as an AVX2 CPU holds them) at 4 rows
-// 8.12 -> 4.44 ms, 8 rows 11.1 -> 6.1 (the AVX2 path forced on the same Zen 5; two or four tiles on: 4.52, 4.85)
-constexpr int AVX2_AHEAD = 1;
+// A call fetches W's rows AHEAD_TILES tiles on while it reads a tile's (tile_ahead, fetch_ahead). Whisper base's 61
+// bf16 layers in model order at 4 rows, AVX-512 path: 3.90 ms with the hardware's prefetch alone, 2.99 one tile ahead,
+// 3.14 two, 3.30 four; AVX2 path (forced on the same CPU), fp32 weights as an AVX2 CPU holds them: 4 rows 8.12 -> 4.44
+// ms, 8 rows 11.1 -> 6.1 (two or four tiles: 4.52, 4.85). One process, interleaved, AMD EPYC Zen 5, same outputs. With
+// it, tiles of 4 rows reading W as it is beat a copy of each block widened to fp32 once for calls of many rows
+// (sixteenth session): 8 rows 4.89 -> 3.39 ms, 20 rows 8.75 -> 7.53, 44 rows 15.0 -> 14.3; that copy is gone.
+constexpr int AHEAD_TILES = 1;
 
 // an fp32 weight as it is, a bf16 one (its bits) widened exactly
 inline float widen(float w) { return w; }
@@ -111,6 +109,23 @@ void tile_portable(const Call<W>& c, int64_t m0, int mr, int64_t n0, int nr) {
 #define AVX2_FN __attribute__((target("avx2,fma")))
 #define AVX512_FN __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
 
+// The tile of `rows` rows of W AHEAD_TILES tiles on from row n0, fetched once a call (by its first rows of x, m0 = 0),
+// or null past W. These two helpers carry the SIMD paths' target and are always inlined: without, GCC called them
+// from the loops and the calls of 4–20 rows ran 1.2–1.7× slower.
+template <typename W>
+[[gnu::always_inline]] AVX2_FN inline const char* tile_ahead(const Call<W>& c, int64_t m0, int64_t n0, int64_t rows) {
+  const bool fetch = m0 == 0 && n0 + (AHEAD_TILES + 1) * rows <= c.N;
+  return fetch ? (const char*)(c.w + (n0 + AHEAD_TILES * rows) * c.K) : nullptr;
+}
+
+// The part of that tile a step k … k + 7 of a tile's sweep reads, in order (STEP bytes a step: the tile swept as the
+// one being read)
+template <int64_t STEP>
+[[gnu::always_inline]] AVX2_FN inline void fetch_ahead(const char* ahead, int64_t k) {
+  if (ahead)
+    for (int64_t l = 0; l < STEP; l += 64) _mm_prefetch(ahead + k / 8 * STEP + l, _MM_HINT_T0);
+}
+
 // 8 weights from k on, as fp32
 AVX2_FN inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
 AVX2_FN inline __m256 load8(const uint16_t* w) {
@@ -132,12 +147,9 @@ AVX2_FN void tile_avx2(const Call<W>& c, int64_t m0, int64_t n0) {
   for (int i = 0; i < R; i++)
     for (int j = 0; j < S; j++) acc[i][j] = _mm256_setzero_ps();
   const int64_t K = c.K, K8 = K / 8 * 8;
-  constexpr int64_t STEP = S * 8 * sizeof(W);  // bytes of W a k step reads
-  const char* ahead =  // once a call, within W
-      m0 == 0 && n0 + (AVX2_AHEAD + 1) * S <= c.N ? (const char*)(c.w + (n0 + AVX2_AHEAD * S) * K) : nullptr;
+  const char* ahead = tile_ahead(c, m0, n0, S);
   for (int64_t k = 0; k < K8; k += 8) {
-    if (ahead)
-      for (int64_t l = 0; l < STEP; l += 64) _mm_prefetch(ahead + k / 8 * STEP + l, _MM_HINT_T0);
+    fetch_ahead<S * 8 * sizeof(W)>(ahead, k);
     __m256 xv[R];
     for (int i = 0; i < R; i++) xv[i] = _mm256_loadu_ps(c.x + (m0 + i) * K + k);
     for (int j = 0; j < S; j++) {
@@ -203,13 +215,11 @@ struct Pairs {
 // (m0 + i, n0 + 2j + 1)
 template <int R, int P, typename W>
 AVX512_FN void fmas_avx512(const float* x, int64_t K, const Pairs<W>& src, int64_t K8, __m512 (&a)[R][P],
-                           const char* ahead = nullptr) {
+                           const char* ahead) {
   for (int i = 0; i < R; i++)
     for (int j = 0; j < P; j++) a[i][j] = _mm512_setzero_ps();
-  constexpr int64_t STEP = 2 * P * 8 * sizeof(W);  // bytes of W a k step reads
   for (int64_t k = 0; k < K8; k += 8) {
-    if (ahead)  // the tile AHEAD_BLOCKS on, swept as this one is
-      for (int64_t l = 0; l < STEP; l += 64) _mm_prefetch(ahead + k / 8 * STEP + l, _MM_HINT_T0);
+    fetch_ahead<2 * P * 8 * sizeof(W)>(ahead, k);
     __m512 xv[R];
     for (int i = 0; i < R; i++) xv[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i * K + k));
     for (int j = 0; j < P; j++) {
@@ -254,9 +264,7 @@ template <int R, int P, typename W>
 AVX512_FN void tile_avx512(const Call<W>& c, int64_t m0, int64_t n0) {
   __m512 a[R][P];
   const int64_t K8 = c.K / 8 * 8;
-  const bool fetch = m0 == 0 && n0 + (AHEAD_BLOCKS + 1) * 2 * P <= c.N;  // once a call, within W
-  fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, K8, a,
-                    fetch ? (const char*)(c.w + (n0 + AHEAD_BLOCKS * 2 * P) * c.K) : nullptr);
+  fmas_avx512<R, P>(c.x + m0 * c.K, c.K, Pairs<W>{c.w + n0 * c.K, c.K}, K8, a, tile_ahead(c, m0, n0, 2 * P));
   for (int i = 0; i < R; i++) {
     if constexpr (P == 4)
       if (K8 == c.K) {

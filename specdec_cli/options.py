@@ -277,7 +277,7 @@ class TranscribeOptions(DecodeOptions):
                               "full vocabulary.")
     draft_stop: float = 0.8
     draft_quantized: bool = option(True, f"Give the self draft int8 weights, with --target-int8 the target's own int8 "
-                                   f"rows, and cross-attention over 2 frames a key (CPU only): {_DRAFT_CHEAPER}.",
+                                   f"rows, and cross-attention over pooled frames (CPU only): {_DRAFT_CHEAPER}.",
                                    flag="--draft-int8/--no-draft-int8")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")

@@ -29,12 +29,10 @@ from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
 
-WEIGHTS = ("int8",)  # the draft's quantized forms on a CPU
-
 
 def weight_form(weights: str | None, embed: torch.Tensor) -> str | None:
     """The draft's weights for `weights` (int8 | None) on a model whose embeddings are `embed`: None off a CPU."""
-    return weights if weights in WEIGHTS and embed.device.type == "cpu" else None
+    return "int8" if weights == "int8" and embed.device.type == "cpu" else None
 
 
 # Frames a quantized draft's cross-attention key and value stand for (their mean). The 74 s recording, four windows,
