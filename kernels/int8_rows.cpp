@@ -345,6 +345,8 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, torch::Tensor wsum, torch::Te
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("entry", [] { return pybind11::capsule((void*)&mm, "specdec.int8_rows.mm"); },
+        "mm's address, for another module's C++ (lean_layers)");
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W int8 per output row, each row of x quantized alone");
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");

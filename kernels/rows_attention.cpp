@@ -499,5 +499,7 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::opt
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("entry", [] { return pybind11::capsule((void*)&attend, "specdec.rows_attention.attend"); },
+        "attend's address, for another module's C++ (lean_layers)");
   m.def("attend", &attend, "attention of a few query rows, each computed alone");
 }

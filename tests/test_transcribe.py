@@ -24,7 +24,7 @@ from specdec_cli.cli import app
 from specdec_cli.decoding.exact_rows import RowLinear, row_linear
 from specdec_cli.drafts import lean_whisper
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import rows_attention
+from specdec_cli.kernels import lean_layers, rows_attention
 from specdec_cli.models import cpu_has_fast_bf16
 from specdec_cli.models.whisper import check_language_task, cross_attention_dtype, load_whisper, prompt_ids, special_ids
 from specdec_cli.models.whisper_decoding import ExactScorer, WindowDecoder, cross_kv
@@ -168,6 +168,43 @@ def test_lean_draft_output_layer_subset_and_int8(tiny, tiny_dir, monkeypatch):
     assert torch.equal(lean_whisper.pooled(t), ((t[:, :, 0:6:2] + t[:, :, 1:6:2]) / 2).bfloat16())  # the 7th dropped
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_draft_layers_in_cpp_give_the_python_loops_bits(tiny, tiny_dir, dtype):
+    """kernels/lean_layers runs an int8 draft's layers in one C++ call: prefill, several tokens, one, holes, crop and
+    select give the bits of LeanDecoder's Python loop (the same operations in the same order), logits and cache."""
+    model = tiny if dtype == torch.float32 else load_whisper(str(tiny_dir), dtype="bfloat16", device="cpu",
+                                                             progress=False)
+    fused, _ = _decoder_pair(model, "self", dtype, head_size=100, quantized=True)
+    plain, _ = _decoder_pair(model, "self", dtype, head_size=100, quantized=True)
+    assert fused._fused() is not None, lean_layers.KERNEL.error
+    plain.fused["layers"] = None  # the Python loop
+    tokens = torch.randint(0, 259, (2, 12))
+    positions = torch.arange(12)[None].repeat(2, 1)
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    valid[1, 5:7] = False
+    positions[1] = (valid[1].long().cumsum(0) - 1).clamp_min(0)
+
+    def both(start, end, mask=None, keep=0):
+        args = (tokens[:, start:end], None if mask is None else valid[:, :end], positions[:, start:end])
+        a, b = fused.forward(*args, keep=keep), plain.forward(*args, keep=keep)
+        assert torch.equal(a, b), (start, end)
+        assert torch.equal(fused.keys[:, :, :, :end], plain.keys[:, :, :, :end])
+        assert torch.equal(fused.values[:, :, :, :end], plain.values[:, :, :, :end])
+
+    with torch.inference_mode():
+        for d in (fused, plain):
+            d.prefill(tokens[:, :3], None, positions[:, :3])
+        both(3, 5)
+        both(5, 6, keep=1)
+        both(6, 9, mask=True)
+        fused.crop(7), plain.crop(7)
+        both(7, 8, mask=True)
+        rows = torch.tensor([1])
+        fused.select(rows), plain.select(rows)
+        tokens, positions, valid = tokens[1:], positions[1:], valid[1:]
+        both(8, 10, mask=True)
+
+
 def _steps_and_passes(whisper, encoded, kv, vocab):
     """The logits of slots 3..39 of random tokens: one-token steps (WindowDecoder), and passes of 1–9 slots
     (ExactScorer) -> (steps, passes), each [1, 37, V]."""
@@ -231,7 +268,7 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     """On a CPU, load_pair builds (or loads from the cache) the C++ kernels the steps will run, so that no
     recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
     rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run (alone or after
-    lookup), float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
+    lookup), lean_layers where a lean draft's int8 layers run, float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
     (the encoder's) where the CPU has its AVX2 or AVX-512 path."""
     from specdec_cli.kernels import frames_attention
     from specdec_cli.options import TranscribeOptions
@@ -243,13 +280,13 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     frames = ["frames_attention"] if frames_attention.cpu_takes() else []
     _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
     assert draft.lean.weights == "int8"  # the lean self draft's default
-    assert built == ["rows_attention", "int8_rows", *floats, *frames]
+    assert built == ["rows_attention", "int8_rows", "lean_layers", *floats, *frames]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
     assert built == (["rows_attention", "int8_rows"] if target_int8 else ["rows_attention", "float_rows"]) + frames
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft="lookup+self"), progress=False)  # the lean draft inside
-    assert built == ["rows_attention", "int8_rows", *floats, *frames]
+    assert built == ["rows_attention", "int8_rows", "lean_layers", *floats, *frames]
 
 
 def test_a_lone_row_is_computed_as_the_first_of_two():

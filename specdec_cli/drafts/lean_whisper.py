@@ -9,7 +9,8 @@ output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids
 compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int8 weights
 (kernels/int8_rows: a step reads a quarter of fp32's bytes, half of bf16's; for an int8 target, --target-int8, its
 own rows, so its layers compute what the target's compute) and cross-attention over keys and values that each stand
-for FRAMES frames. Why every layer and not fewer: measured, see options.TranscribeOptions.
+for FRAMES frames; with int8 weights the layers' loop runs in one C++ call (kernels/lean_layers: the same bits). Why
+every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from specdec_cli.decoding import Batch, Decoder, ModelDraft
 from specdec_cli.drafts import spec
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import int8_rows, rows_attention
+from specdec_cli.kernels import int8_rows, lean_layers, rows_attention
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
@@ -129,6 +130,7 @@ class LeanDecoder(Decoder):
             self.head = lin(weight.index_select(0, self.keep))  # [N', d]
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.keys = self.values = None
+        self.fused: dict = {}  # "layers": the C++ loop over quantized layers (lean_layers) or None; shared by windows
         head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
         self.description = f"layers {list(layers)}, {head}" + (f", {self.weights}" if self.weights else "")
 
@@ -173,6 +175,9 @@ class LeanDecoder(Decoder):
         x = self.embed[tokens] + self.pos[positions]  # [B, T, d]
         d = x.shape[-1]
         holes = None if mask is None else mask[:, None, None, :end]  # [B, 1, 1, end]
+        fused = self._fused()
+        if fused is not None:  # the loop below in C++: the same bits
+            return fused.run(x, self.keys, self.values, start, holes, self.kv)
         for i, p in enumerate(self.layers):
             h = nn.functional.layer_norm(x, (d,), *p["norm1"])
             # q, k, v: [B, heads, T, head_dim] each
@@ -189,6 +194,13 @@ class LeanDecoder(Decoder):
             h = nn.functional.layer_norm(x, (d,), *p["norm3"])
             x = x + _linear(self.activation(_linear(h, p["fc1"])), p["fc2"])
         return x
+
+    def _fused(self):
+        """lean_layers' runner over these layers where every linear is int8_rows' (a CPU), else None."""
+        if "layers" not in self.fused:
+            quantized = self.weights is not None
+            self.fused["layers"] = lean_layers.runner(self.layers, self.heads, self.head_dim) if quantized else None
+        return self.fused["layers"]
 
     def _attend(self, q, k, v, holes, causal: bool) -> torch.Tensor:
         """q [B, heads, T, head_dim] over k, v [B, heads, S, head_dim] (causal: q's rows are the last T of the S

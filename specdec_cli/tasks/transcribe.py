@@ -61,7 +61,7 @@ from specdec_cli.decoding import (
 )
 from specdec_cli.decoding.exact_rows import takes_kernel
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import float_rows, frames_attention, int8_rows, rows_attention
+from specdec_cli.kernels import float_rows, frames_attention, int8_rows, lean_layers, rows_attention
 from specdec_cli.models import LoadedModel, int8
 from specdec_cli.models.progress import build_kernels
 from specdec_cli.models.whisper import (
@@ -418,10 +418,10 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
         target.model.proj_out = int8.Int8Linear(target.model.proj_out)
     if target.device.type == "cpu":  # the C++ kernels its steps run, built now: no recording's time holds a build
         lean = getattr(drafts.model_draft(draft), "lean", None)  # a lean self draft's decoder (lookup+self's too)
-        int8_rows_run = opts.target_int8 or getattr(lean, "weights", None) == "int8"
+        lean_int8 = getattr(lean, "weights", None) == "int8"
         float_run = takes_kernel(target.model.proj_out)  # its decoder's linears (not int8 ones)
-        build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if int8_rows_run else ()),
-                                 *((float_rows.KERNEL,) if float_run else ()),
+        build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if opts.target_int8 or lean_int8 else ()),
+                                 *((lean_layers.KERNEL,) if lean_int8 else ()), *((float_rows.KERNEL,) if float_run else ()),
                                  *((frames_attention.KERNEL,) if frames_attention.cpu_takes() else ())))
     return target, draft
 

@@ -1,0 +1,33 @@
+"""The Whisper self draft's decoder layers in one C++ call (lean_layers.cpp; its top states the operations): the
+draft's own Python loop (drafts/lean_whisper.LeanDecoder._layers) is its reference, the same bits, with ~25 Python calls
+a layer fewer.
+
+    runner   a Layers over a LeanDecoder's int8_rows-packed layers, or None where it, int8_rows or rows_attention did
+             not build (the Python loop then runs)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdec_cli.kernels import cpp, int8_rows, rows_attention
+
+SOURCE = Path(__file__).with_name("lean_layers.cpp")
+KERNEL = cpp.Extension("lean_layers", SOURCE, ["-O3", "-std=c++17"], "the self draft's layers run from Python")
+
+
+def runner(layers: list[dict], heads: int, head_dim: int):
+    """A C++ Layers over `layers` (LeanDecoder's: norms (weight, bias, eps), linears (None, Packed, bias)), or None."""
+    mods = KERNEL.module(), int8_rows.extension(), rows_attention.KERNEL.module()
+    if any(m is None for m in mods):
+        return None
+    names = ("norm1", "qkv", "out", "norm2", "q", "cross_out", "norm3", "fc1", "fc2")
+
+    def part(v):
+        if len(v) == 3 and isinstance(v[2], float):  # a norm
+            return v
+        packed, bias = v[1], v[2]
+        return packed.blocks, packed.sums, packed.scales, bias
+
+    flat = [tuple(part(p[n]) for n in names) for p in layers]
+    return mods[0].Layers(flat, heads, head_dim, mods[1].entry(), mods[2].entry())
