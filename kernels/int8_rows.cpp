@@ -16,6 +16,11 @@
 // W is packed [N128 / 16, K / 4, 16, 4]: 16 output rows' 4 consecutive weights side by side (N128: N rounded up to
 // 128, zero rows past N; K a multiple of 8), so one 64-byte load feeds 16 outputs and a broadcast of 4 activations serves them all; the rows
 // of a call sweep each block while it is in cache.
+//
+// Int4 weights (w_nk in [−7, 7], a draft's: half the bytes) are packed [N128 / 16, K / 8, 16, 4] uint8, byte (k8, r, j)
+// holding w + 8 of k = 8·k8 + j in its low nibble and of k = 8·k8 + 4 + j in its high one: the int8 layout's two
+// k-steps in one 64-byte load. The dot is the same exact integer, summed as Σ_k (w_nk + 8) · q_mk − 8 · Σ_k q_mk on the
+// SIMD paths (the nibble the unsigned operand, q the signed one: no pair exceeds 2 · 15 · 127).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -46,13 +51,14 @@ enum Path { AUTO = 0, PORTABLE = 1, AVX2 = 2, AVX512VNNI = 3 };  // as qmatmul's
 
 struct Call {
   int64_t M, N, K, NB;   // NB = N128 / 16 weight blocks
-  const int8_t* w;       // [NB, K / 4, 16, 4]
+  const int8_t* w;       // [NB, K / 4, 16, 4], or int4: [NB, K / 8, 16, 4] nibbles
   const int32_t* wsum;   // [N128]: Σ_k w_nk
   const float* ws;       // [N]: s_n
   const float* bias;     // [N] fp32, or null
   const int8_t* xq;      // [M, K]: q (the portable and AVX2 paths'), or null
   const uint8_t* xu;     // [M, K]: q + 128 (the VNNI path's), or null
   const float* xs;       // [M]: s_m
+  const int32_t* xsum;   // [M]: Σ_k q_mk (int4 weights' SIMD paths), or null
   float* y;              // [M, N] fp32, or null: then
   uint16_t* yb;          // [M, N] bf16
 };
@@ -97,13 +103,21 @@ void finish(const Call& c, int64_t nb, int64_t m0, int mt, const int32_t* dots /
 
 constexpr int MT = 8;  // activation rows per sweep of a block (the AVX2 path: 4, its registers)
 
+// w_nk of block wb (its 16 rows' bytes) at k-step kk, row r, lane j
+template <bool NIB>
+inline int32_t weight_at(const int8_t* wb, int64_t kk, int r, int j) {
+  if constexpr (NIB) return (int32_t)(((uint8_t)wb[((kk / 2) * 16 + r) * 4 + j] >> (4 * (kk % 2))) & 15) - 8;
+  return wb[(kk * 16 + r) * 4 + j];
+}
+
+template <bool NIB>
 void block_portable(const Call& c, int64_t nb, int64_t m0, int mt) {
   int32_t acc[MT * 16] = {0};
-  const int8_t* wb = c.w + nb * c.K * 16;
+  const int8_t* wb = c.w + nb * c.K * (NIB ? 8 : 16);
   for (int64_t kk = 0; kk < c.K / 4; kk++)
     for (int r = 0; r < 16; r++)
       for (int j = 0; j < 4; j++) {
-        const int32_t w = wb[(kk * 16 + r) * 4 + j];
+        const int32_t w = weight_at<NIB>(wb, kk, r, j);
         for (int i = 0; i < mt; i++) acc[i * 16 + r] += (int32_t)c.xq[(m0 + i) * c.K + kk * 4 + j] * w;
       }
   finish(c, nb, m0, mt, acc);
@@ -118,38 +132,58 @@ inline int32_t load4(const void* p) {
 
 #define AVX2_FN __attribute__((target("avx2,fma")))
 
-template <int R>
+// int4: the nibbles (w + 8, 0 … 15) of k-step kk from the 32 bytes at p
+AVX2_FN inline __m256i nibbles(const int8_t* p, int64_t kk) {
+  const __m256i v = _mm256_loadu_si256((const __m256i*)p);
+  return _mm256_and_si256(kk % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+}
+
+template <int R, bool NIB>
 AVX2_FN void block_avx2_r(const Call& c, int64_t nb, int64_t m0) {
   __m256i acc[R][2];
   for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-  const int8_t *wb = c.w + nb * c.K * 16, *end = c.w + c.NB * c.K * 16;
+  const int64_t step = c.K * (NIB ? 8 : 16);  // a block's bytes
+  const int8_t *wb = c.w + nb * step, *end = c.w + c.NB * step;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t kk = 0; kk < c.K / 4; kk++) {
-    if (m0 == 0 && wb + kk * 64 + AHEAD_BYTES < end)  // once a call
-      _mm_prefetch((const char*)(wb + kk * 64 + AHEAD_BYTES), _MM_HINT_T0);
-    const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + kk * 64));
-    const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + kk * 64 + 32));
+    const int64_t at = NIB ? kk / 2 * 64 : kk * 64;  // the k-step's 64 bytes (int4: shared by kk and kk + 1)
+    if (m0 == 0 && (!NIB || kk % 2 == 0) && wb + at + AHEAD_BYTES < end)  // once a call
+      _mm_prefetch((const char*)(wb + at + AHEAD_BYTES), _MM_HINT_T0);
     for (int i = 0; i < R; i++) {
       const __m256i a = _mm256_set1_epi32(load4(c.xq + (m0 + i) * c.K + kk * 4));
-      const __m256i au = _mm256_abs_epi8(a);
-      acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, a)), ones));
-      acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, a)), ones));
+      if constexpr (NIB) {  // (w + 8) unsigned · q signed
+        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(wb + at, kk), a), ones));
+        acc[i][1] = _mm256_add_epi32(acc[i][1],
+                                     _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(wb + at + 32, kk), a), ones));
+      } else {  // |q| unsigned · w with q's sign
+        const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + at));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + at + 32));
+        const __m256i au = _mm256_abs_epi8(a);
+        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, a)), ones));
+        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, a)), ones));
+      }
     }
   }
   alignas(64) int32_t dots[R * 16];
   for (int i = 0; i < R; i++) {
+    if constexpr (NIB) {  // less 8 · Σ_k q_mk
+      const __m256i less = _mm256_set1_epi32(8 * c.xsum[m0 + i]);
+      acc[i][0] = _mm256_sub_epi32(acc[i][0], less);
+      acc[i][1] = _mm256_sub_epi32(acc[i][1], less);
+    }
     _mm256_store_si256((__m256i*)(dots + i * 16), acc[i][0]);
     _mm256_store_si256((__m256i*)(dots + i * 16 + 8), acc[i][1]);
   }
   finish(c, nb, m0, R, dots);
 }
 
+template <bool NIB>
 AVX2_FN void block_avx2(const Call& c, int64_t nb, int64_t m0, int mt) {
-  for (; mt >= 4; mt -= 4, m0 += 4) block_avx2_r<4>(c, nb, m0);
+  for (; mt >= 4; mt -= 4, m0 += 4) block_avx2_r<4, NIB>(c, nb, m0);
   switch (mt) {
-    case 3: return block_avx2_r<3>(c, nb, m0);
-    case 2: return block_avx2_r<2>(c, nb, m0);
-    case 1: return block_avx2_r<1>(c, nb, m0);
+    case 3: return block_avx2_r<3, NIB>(c, nb, m0);
+    case 2: return block_avx2_r<2, NIB>(c, nb, m0);
+    case 1: return block_avx2_r<1, NIB>(c, nb, m0);
   }
 }
 
@@ -160,10 +194,10 @@ VNNI_FN inline __m512 load16(const c10::BFloat16* p) {  // exact
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// quantize_row's values + 128 into u, 16 at a time (max is exact in any order; roundscale rounds to nearest even as
-// rint_small)
+// quantize_row's values into q, or + 128 into u where q is null, 16 at a time (max is exact in any order; roundscale
+// rounds to nearest even as rint_small)
 template <typename T>
-VNNI_FN void quantize_row_avx512(const T* x, int64_t K, uint8_t* u, float* s) {
+VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int8_t* q, uint8_t* u, float* s) {
   const int64_t K16 = K / 16 * 16;
   __m512 m = _mm512_setzero_ps();
   for (int64_t k = 0; k < K16; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(load16(x + k)));
@@ -175,9 +209,10 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, uint8_t* u, float* s) {
   for (int64_t k = 0; k < K16; k += 16) {
     __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(load16(x + k), vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m128i b = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, v))));
-    _mm_storeu_si128((__m128i*)(u + k), _mm_xor_si128(b, _mm_set1_epi8((char)0x80)));  // q + 128
+    if (q) _mm_storeu_si128((__m128i*)(q + k), b);
+    else _mm_storeu_si128((__m128i*)(u + k), _mm_xor_si128(b, _mm_set1_epi8((char)0x80)));  // q + 128
   }
-  quantize_tail(x, K16, K, inv, nullptr, u);
+  quantize_tail(x, K16, K, inv, q, u);
 }
 
 // finish()'s operations on 16 lanes at once (the same roundings)
@@ -192,51 +227,81 @@ VNNI_FN inline void finish16(const Call& c, int64_t n0, int64_t m, __m512i dot) 
   else _mm512_mask_storeu_ps(c.y + m * c.N + n0, k, v);
 }
 
-// R rows × NBW blocks from block nb on; two chains per output (even and odd steps of k: integers, any order)
-template <int R, int NBW>
+// R rows × NBW blocks from block nb on; two chains per output (even and odd steps of k: integers, any order). int8:
+// dpbusd(q + 128, w), less 128 · Σ_k w_nk; int4 (NIB): dpbusd(w + 8, q), less 8 · Σ_k q_mk
+template <int R, int NBW, bool NIB>
 VNNI_FN void block_avx512_r(const Call& c, int64_t nb, int64_t m0) {
   __m512i acc[2][NBW][R];
   for (int h = 0; h < 2; h++)
     for (int b = 0; b < NBW; b++)
       for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_setzero_si512();
-  const int64_t K4 = c.K / 4, step = c.K * 16;
+  const int64_t K4 = c.K / 4, step = c.K * (NIB ? 8 : 16);  // a block's bytes
   const int8_t *wb = c.w + nb * step, *end = c.w + c.NB * step;
   for (int64_t kk = 0; kk < K4; kk += 2)
     for (int h = 0; h < 2; h++) {
       __m512i a[R];
-      for (int i = 0; i < R; i++) a[i] = _mm512_set1_epi32(load4(c.xu + (m0 + i) * c.K + (kk + h) * 4));
+      for (int i = 0; i < R; i++) {
+        const int64_t at = (m0 + i) * c.K + (kk + h) * 4;
+        a[i] = _mm512_set1_epi32(NIB ? load4(c.xq + at) : load4(c.xu + at));
+      }
+      const int64_t at = NIB ? kk * 32 : (kk + h) * 64;  // the k-step's 64 bytes (int4: both steps' nibbles)
       for (int b = 0; b < NBW; b++) {
-        const int64_t ahead = (kk + h) * 64 + AHEAD_BYTES;  // past the block: the same block of the next NBW
+        const int64_t ahead = at + AHEAD_BYTES;  // past the block: the same block of the next NBW
         const int8_t* p = wb + (ahead < step ? b * step + ahead : (NBW + b) * step + ahead - step);
-        if (p < end) _mm_prefetch((const char*)p, _MM_HINT_T0);
-        const __m512i w = _mm512_loadu_si512(wb + b * step + (kk + h) * 64);
-        for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_dpbusd_epi32(acc[h][b][i], a[i], w);
+        if ((!NIB || h == 0) && p < end) _mm_prefetch((const char*)p, _MM_HINT_T0);
+        __m512i w = _mm512_loadu_si512(wb + b * step + at);
+        if constexpr (NIB) {
+          w = _mm512_and_si512(h ? _mm512_srli_epi16(w, 4) : w, _mm512_set1_epi8(15));
+          for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_dpbusd_epi32(acc[h][b][i], w, a[i]);
+        } else {
+          for (int i = 0; i < R; i++) acc[h][b][i] = _mm512_dpbusd_epi32(acc[h][b][i], a[i], w);
+        }
       }
     }
   for (int b = 0; b < NBW; b++) {
     const __m512i less = _mm512_slli_epi32(_mm512_loadu_si512(c.wsum + (nb + b) * 16), 7);  // 128 · Σ_k w_nk
-    for (int i = 0; i < R; i++)
-      finish16(c, (nb + b) * 16, m0 + i, _mm512_sub_epi32(_mm512_add_epi32(acc[0][b][i], acc[1][b][i]), less));
+    for (int i = 0; i < R; i++) {
+      const __m512i sub = NIB ? _mm512_set1_epi32(8 * c.xsum[m0 + i]) : less;
+      finish16(c, (nb + b) * 16, m0 + i, _mm512_sub_epi32(_mm512_add_epi32(acc[0][b][i], acc[1][b][i]), sub));
+    }
   }
 }
 
 // blocks nb … nb + NBW − 1 for rows m0 … m0 + mt − 1 (mm chooses NBW from the rows of a sweep: 1 → 8, 2 → 4,
 // 3–4 → 2, more → 1)
-template <int NBW>
+template <int NBW, bool NIB>
 VNNI_FN void blocks_avx512(const Call& c, int64_t nb, int64_t m0, int mt) {
   switch (mt) {
-    case 8: if constexpr (NBW == 1) return block_avx512_r<8, 1>(c, nb, m0); break;
-    case 7: if constexpr (NBW == 1) return block_avx512_r<7, 1>(c, nb, m0); break;
-    case 6: if constexpr (NBW == 1) return block_avx512_r<6, 1>(c, nb, m0); break;
-    case 5: if constexpr (NBW == 1) return block_avx512_r<5, 1>(c, nb, m0); break;
-    case 4: if constexpr (NBW <= 2) return block_avx512_r<4, NBW>(c, nb, m0); break;
-    case 3: if constexpr (NBW <= 2) return block_avx512_r<3, NBW>(c, nb, m0); break;
-    case 2: if constexpr (NBW <= 4) return block_avx512_r<2, NBW>(c, nb, m0); break;
-    case 1: return block_avx512_r<1, NBW>(c, nb, m0);
+    case 8: if constexpr (NBW == 1) return block_avx512_r<8, 1, NIB>(c, nb, m0); break;
+    case 7: if constexpr (NBW == 1) return block_avx512_r<7, 1, NIB>(c, nb, m0); break;
+    case 6: if constexpr (NBW == 1) return block_avx512_r<6, 1, NIB>(c, nb, m0); break;
+    case 5: if constexpr (NBW == 1) return block_avx512_r<5, 1, NIB>(c, nb, m0); break;
+    case 4: if constexpr (NBW <= 2) return block_avx512_r<4, NBW, NIB>(c, nb, m0); break;
+    case 3: if constexpr (NBW <= 2) return block_avx512_r<3, NBW, NIB>(c, nb, m0); break;
+    case 2: if constexpr (NBW <= 4) return block_avx512_r<2, NBW, NIB>(c, nb, m0); break;
+    case 1: return block_avx512_r<1, NBW, NIB>(c, nb, m0);
   }
-  for (int b = 0; b < NBW; b++) blocks_avx512<1>(c, nb + b, m0, mt);  // more rows than NBW blocks take together
+  for (int b = 0; b < NBW; b++) blocks_avx512<1, NIB>(c, nb + b, m0, mt);  // more rows than NBW blocks take together
 }
+
 #endif  // I8_X86
+
+// the rows m0 … m0 + mt − 1 of NBW blocks from g · nbw on, on `path`
+template <bool NIB>
+void sweep(const Call& c, int path, int nbw, int64_t g, int64_t m0, int mt) {
+#if I8_X86
+  if (path == AVX512VNNI) {
+    switch (nbw) {
+      case 8: return blocks_avx512<8, NIB>(c, g * 8, m0, mt);
+      case 4: return blocks_avx512<4, NIB>(c, g * 4, m0, mt);
+      case 2: return blocks_avx512<2, NIB>(c, g * 2, m0, mt);
+      default: return blocks_avx512<1, NIB>(c, g, m0, mt);
+    }
+  }
+  if (path == AVX2) return block_avx2<NIB>(c, g, m0, mt);
+#endif
+  block_portable<NIB>(c, g, m0, mt);
+}
 
 int detect() {
 #if I8_X86
@@ -262,30 +327,37 @@ std::string backend() {
   return "portable C++";
 }
 
-// every row of x [M, K]: q into xq, or q + 128 into xu where xq is null (the VNNI path); s into xs
+// every row of x [M, K]: q into xq, or q + 128 into xu where xq is null; s into xs; Σ_k q into xsum where not null
 template <typename T>
-void quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, uint8_t* xu, float* xs) {
+void quantize_rows(const T* x, int64_t M, int64_t K, int path, int8_t* xq, uint8_t* xu, float* xs, int32_t* xsum) {
   at::parallel_for(0, M, 64, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
 #if I8_X86
-      if (!xq) { quantize_row_avx512<T>(x + m * K, K, xu + m * K, xs + m); continue; }
+      if (path == AVX512VNNI) quantize_row_avx512<T>(x + m * K, K, xq ? xq + m * K : nullptr, xu ? xu + m * K : nullptr, xs + m);
+      else
 #endif
-      quantize_row<T>(x + m * K, K, xq + m * K, xs + m);
+        quantize_row<T>(x + m * K, K, xq + m * K, xs + m);
+      if (xsum) {
+        int32_t sum = 0;
+        for (int64_t k = 0; k < K; k++) sum += xq[m * K + k];
+        xsum[m] = sum;
+      }
     }
   });
 }
 
-// x [..., K] fp32 or bf16; w [NB, K / 4, 16, 4] int8 (NB a multiple of 8); wsum [NB · 16] int32; ws [N] fp32; bias [N] fp32 or none;
-// path 0 = the best this CPU has -> [..., N] in x's dtype
+// x [..., K] fp32 or bf16; w [NB, K / 4, 16, 4] int8 or [NB, K / 8, 16, 4] uint8 int4 nibbles (NB a multiple of 8);
+// wsum [NB · 16] int32; ws [N] fp32; bias [N] fp32 or none; path 0 = the best this CPU has -> [..., N] in x's dtype
 torch::Tensor mm(torch::Tensor x, torch::Tensor w, torch::Tensor wsum, torch::Tensor ws,
                  c10::optional<torch::Tensor> bias, int64_t path) {
   if (path == AUTO) path = best_path();
   TORCH_CHECK(path >= PORTABLE && path <= best_path(), "int8_rows: path ", path, " does not run on this CPU");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "int8_rows: x must be fp32 or bf16");
-  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 4 && w.scalar_type() == at::kChar && w.is_contiguous(),
-              "int8_rows: w must be packed [N128 / 16, K / 4, 16, 4] int8");
+  const bool nib = w.scalar_type() == at::kByte;  // int4
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 4 && (nib || w.scalar_type() == at::kChar) &&
+              w.is_contiguous(), "int8_rows: w must be packed [N128 / 16, K / 4, 16, 4] int8 or [N128 / 16, K / 8, 16, 4] uint8");
   const int64_t K = x.size(-1), NB = w.size(0), N = ws.size(0);
-  TORCH_CHECK(w.size(1) * 4 == K, "int8_rows: x has ", K, " columns, the weights ", w.size(1) * 4);
+  TORCH_CHECK(w.size(1) * (nib ? 8 : 4) == K, "int8_rows: x has ", K, " columns, the weights ", w.size(1) * (nib ? 8 : 4));
   TORCH_CHECK(NB % 8 == 0 && K % 8 == 0 && N <= NB * 16 && N > (NB - 8) * 16 && wsum.numel() == NB * 16,
               "int8_rows: the blocks must be pack()'s");
   TORCH_CHECK(ws.scalar_type() == at::kFloat && wsum.scalar_type() == at::kInt, "int8_rows: ws fp32, wsum int32");
@@ -300,19 +372,21 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, torch::Tensor wsum, torch::Te
     TORCH_CHECK(b.numel() == N, "int8_rows: bias must have N elements");
   }
   if (M == 0) return y;
-  const bool vnni = path == AVX512VNNI;  // it reads q + 128, the other paths q
-  std::vector<int8_t> xq(vnni ? 0 : M * K);
-  std::vector<uint8_t> xu(vnni ? M * K : 0);
+  const bool vnni = path == AVX512VNNI, unsigned_q = vnni && !nib;  // VNNI on int8 reads q + 128, the rest q
+  std::vector<int8_t> xq(unsigned_q ? 0 : M * K);
+  std::vector<uint8_t> xu(unsigned_q ? M * K : 0);
   std::vector<float> xs(M);
-  int8_t* xqp = vnni ? nullptr : xq.data();
-  uint8_t* xup = vnni ? xu.data() : nullptr;
-  Call c{M, N, K, NB, w.data_ptr<int8_t>(), wsum.data_ptr<int32_t>(), ws.data_ptr<float>(),
-         b.defined() ? b.data_ptr<float>() : nullptr, xqp, xup, xs.data(), nullptr, nullptr};
+  std::vector<int32_t> xsum(nib ? M : 0);
+  int8_t* xqp = unsigned_q ? nullptr : xq.data();
+  uint8_t* xup = unsigned_q ? xu.data() : nullptr;
+  int32_t* xsump = nib ? xsum.data() : nullptr;
+  Call c{M, N, K, NB, (const int8_t*)w.data_ptr(), wsum.data_ptr<int32_t>(), ws.data_ptr<float>(),
+         b.defined() ? b.data_ptr<float>() : nullptr, xqp, xup, xs.data(), xsump, nullptr, nullptr};
   if (x.scalar_type() == at::kFloat) {
-    quantize_rows<float>(x2.data_ptr<float>(), M, K, xqp, xup, xs.data());
+    quantize_rows<float>(x2.data_ptr<float>(), M, K, (int)path, xqp, xup, xs.data(), xsump);
     c.y = y.data_ptr<float>();
   } else {
-    quantize_rows<c10::BFloat16>(x2.data_ptr<c10::BFloat16>(), M, K, xqp, xup, xs.data());
+    quantize_rows<c10::BFloat16>(x2.data_ptr<c10::BFloat16>(), M, K, (int)path, xqp, xup, xs.data(), xsump);
     c.yb = (uint16_t*)y.data_ptr<c10::BFloat16>();
   }
   // rows in balanced sweeps of ≤ MT (11 rows: 6 + 5); on AVX-512, NBW blocks at a time where a sweep has few rows
@@ -324,19 +398,8 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor w, torch::Tensor wsum, torch::Te
     for (int64_t g = g0; g < g1; g++)
       for (int64_t m0 = 0; m0 < M; m0 += rows) {
         const int mt = (int)std::min<int64_t>(rows, M - m0);
-#if I8_X86
-        if (vnni) {
-          switch (nbw) {
-            case 8: blocks_avx512<8>(c, g * 8, m0, mt); break;
-            case 4: blocks_avx512<4>(c, g * 4, m0, mt); break;
-            case 2: blocks_avx512<2>(c, g * 2, m0, mt); break;
-            default: blocks_avx512<1>(c, g, m0, mt);
-          }
-          continue;
-        }
-        if (path == AVX2) { block_avx2(c, g, m0, mt); continue; }
-#endif
-        block_portable(c, g, m0, mt);
+        if (nib) sweep<true>(c, (int)path, nbw, g, m0, mt);
+        else sweep<false>(c, (int)path, nbw, g, m0, mt);
       }
   });
   return y;

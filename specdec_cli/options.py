@@ -261,7 +261,7 @@ class SummarizeOptions(DecodeOptions):
 class TranscribeOptions(DecodeOptions):
     target: str = option("embedded", "Whisper target: embedded (Whisper base), embedded:tiny.en, a Hugging Face id, "
                          "or a local directory.")
-    draft: str = option("self", "self (the target's own decoder weights, int8, with a reduced output layer, in a lean "
+    draft: str = option("self", "self (the target's own decoder weights, int4, with a reduced output layer, in a lean "
                         "decoding step), self:K (its first K layers), self:0-2,4 (those layers), or another Whisper "
                         "model with the same vocabulary; lookup (prompt lookup within each window: no model) or "
                         "lookup+DRAFT.")
@@ -276,9 +276,9 @@ class TranscribeOptions(DecodeOptions):
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
     draft_stop: float = 0.8
-    draft_quantized: bool = option(True, f"Give the self draft int8 weights, with --target-int8 the target's own int8 "
-                                   f"rows, and cross-attention over pooled frames (CPU only): {_DRAFT_CHEAPER}.",
-                                   flag="--draft-int8/--no-draft-int8")  # drafts/lean_whisper.py
+    draft_quantized: bool = option(True, f"Give the self draft low-bit weights on a CPU (int4 layers and an int8 output "
+                                   f"layer; with --target-int8 the target's own int8 rows) and cross-attention over "
+                                   f"pooled frames: {_DRAFT_CHEAPER}.")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")
     task: str = option("transcribe", "transcribe | translate (into English; multilingual models only).", flag="--task")
@@ -393,8 +393,9 @@ class BenchOptions:
     draft: str | None = option(None, _task_help("draft", "the draft model"))
     draft_vocab: str | None = option(None, _task_help("draft_vocab", "the draft's output layer sizes, comma-separated "
                                                       "(0 = full)"))
-    draft_quantized: str | None = option(None, "A task's draft weights: on (int8; transcribe's with the int8 target: "
-                                         "its own rows; the default), off, or on,off to compare.")
+    draft_quantized: str | None = option(None, "A task's draft weights: on (summarize int8; transcribe int4 layers, "
+                                         "with the int8 target its own int8 rows; the default), off, or on,off to "
+                                         "compare.")
     target_int8: str | None = option(None, "transcribe: the target's weights: off (the default: the model itself), on "
                                      "(int8 decoder linears and output layer, as specdec transcribe --target-int8), or "
                                      "off,on to compare.")

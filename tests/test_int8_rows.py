@@ -1,6 +1,6 @@
 """kernels/int8_rows: every path (portable, AVX2, AVX-512 VNNI, the torch twin) gives the same bits; a row's result
 does not depend on the other rows of its call or on the threads; the values are x · Ŵᵀ within the bound that
-rounding x to int8 and the fp32 epilogue allow."""
+rounding x to int8 and the fp32 epilogue allow. Each for int8 weights and int4 ones (pack(w, bits=4))."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ def weight(seed: int, n: int = N, k: int = K) -> torch.Tensor:
     return w
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_path_gives_the_twins_bits(dtype):
-    packed = int8_rows.pack(weight(0))
+def test_every_path_gives_the_twins_bits(dtype, bits):
+    packed = int8_rows.pack(weight(0), bits)
     bias = torch.randn(N)
     for M in ROWS:
         x = (torch.randn(M, K) * 3).to(dtype)
@@ -43,8 +44,9 @@ def test_every_path_gives_the_twins_bits(dtype):
         assert torch.equal(int8_rows.mm(x, packed, None), int8_rows.twin(x, packed).to(dtype))
 
 
-def test_a_row_does_not_depend_on_the_others_or_the_threads():
-    packed = int8_rows.pack(weight(1))
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_row_does_not_depend_on_the_others_or_the_threads(bits):
+    packed = int8_rows.pack(weight(1), bits)
     x = torch.randn(33, K, dtype=torch.bfloat16)
     with torch_threads(2):
         together = int8_rows.mm(x, packed)
@@ -54,13 +56,15 @@ def test_a_row_does_not_depend_on_the_others_or_the_threads():
     assert torch.equal(int8_rows.mm(x.view(3, 11, K), packed), together.view(3, 11, N))  # leading dims
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_values_against_the_dequantized_product(dtype):
+def test_values_against_the_dequantized_product(dtype, bits):
     """|y − x · Ŵᵀ − b| within what the arithmetic allows (int8_rows.cpp's top): x_k becomes s·q_k, |x_k − s·q_k| ≤
     s/2 + 3u·|x_k| (u = 2⁻²⁴: 127 / a, x_k times it, a / 127); float(dot), s_m · s_n, their product and the bias add
     are four more roundings of u; bf16 output one of 2⁻⁸."""
     w = weight(2)
-    packed = int8_rows.pack(w)
+    packed = int8_rows.pack(w, bits)
+    assert packed.bits == bits and int(packed.ints().abs().max()) == int8_rows.TOPS[bits]  # each row's max at ±top
     bias = torch.randn(N)
     x = (torch.randn(9, K) * 2).to(dtype)
     got = int8_rows.mm(x, packed, bias).double()
@@ -87,6 +91,14 @@ def test_packing_rules():
     q = packed.blocks.permute(0, 2, 1, 3).reshape(-1, K)
     assert torch.equal(packed.sums, q.sum(1, dtype=torch.int32)) and not q[N:].any()
     assert int(q.abs().max()) == 127 and float(packed.scales[3]) == 0.0
+    # int4: byte (k8, r, j) of block b holds w + 8 of row 16b + r at k = 8·k8 + j (low nibble) and 8·k8 + 4 + j (high)
+    four = int8_rows.pack(weight(3), bits=4)
+    w4 = int8_rows.quantize(weight(3), 7)[0]  # [N, K], |w| ≤ 7
+    assert four.blocks.shape == (384 // 16, K // 8, 16, 4) and four.blocks.dtype == torch.uint8
+    b, k8, r, j = 2, 5, 9, 3
+    byte = int(four.blocks[b, k8, r, j])
+    assert byte & 15 == int(w4[16 * b + r, 8 * k8 + j]) + 8 and byte >> 4 == int(w4[16 * b + r, 8 * k8 + 4 + j]) + 8
+    assert torch.equal(four.ints(), w4) and torch.equal(four.sums[:N], w4.sum(1, dtype=torch.int32))
 
 
 def test_a_failed_build_falls_back_to_the_twin(monkeypatch):

@@ -34,7 +34,7 @@ def test_the_cli_shows_and_uses_the_options_defaults(name, cls):
 
 
 @pytest.mark.parametrize("name, cls, flag", [("summarize", options.SummarizeOptions, "--no-draft-int8"),
-                                             ("transcribe", options.TranscribeOptions, "--no-draft-int8")])
+                                             ("transcribe", options.TranscribeOptions, "--no-draft-quantized")])
 def test_the_cli_hands_the_library_the_options_it_parsed(monkeypatch, name, cls, flag):
     """Each option reaches the command as the options object, under the flag options.py gives it."""
     from typer.testing import CliRunner

@@ -87,13 +87,14 @@ def test_tiny_whisper_loads_by_path_and_speculative_equals_autoregressive(tiny, 
                 assert sp.stats.draft_tokens > 0
 
 
-def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, quantized=False):
-    """(the draft's LeanDraft, transformers' decoder through WindowDecoder) on one random encoder output."""
+def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, weights=None):
+    """(the draft's LeanDecoder with `weights` (None, int8, int4), transformers' decoder through WindowDecoder) on one
+    random encoder output."""
     torch.manual_seed(1)
     whisper = tiny.model
     encoded = torch.randn(B, 1500, whisper.config.d_model, dtype=dtype)
     kv = cross_kv(whisper.model.decoder.layers, encoded)
-    draft = T.load_draft(draft_spec, tiny, draft_vocab=head_size or 0, draft_quantized=quantized).lean.window(kv)
+    draft = lean_whisper.self_draft(tiny, draft_spec, head_size or None, weights).lean.window(kv)
     draft.dummy = None  # never abstain: every step's logits are compared
     model = whisper
     if draft.layer_ids != tuple(range(len(whisper.model.decoder.layers))):  # transformers' decoder cut the same way
@@ -139,7 +140,8 @@ def test_lean_draft_computes_what_transformers_decoder_computes(tiny, spec):
         both(10, 11, mask=True)
 
 
-def test_lean_draft_output_layer_subset_and_int8(tiny, tiny_dir, monkeypatch):
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_lean_draft_output_layer_subset_and_low_bits(tiny, tiny_dir, monkeypatch, weights):
     draft, ref = _decoder_pair(tiny, "self", head_size=100)
     assert draft.head_rows == 112 and draft.keep[-1] == 259  # ids [0, 111) (rows by 16) and <|endoftext|>
     tokens, positions = torch.randint(0, 259, (2, 4)), torch.arange(4)[None].repeat(2, 1)
@@ -150,32 +152,34 @@ def test_lean_draft_output_layer_subset_and_int8(tiny, tiny_dir, monkeypatch):
     assert_same_up_to_rounding(a[..., kept], b[..., kept], whisper_decoder_sums(tiny.model.config, keys=4))
     assert torch.isinf(a[..., ~kept]).all()
 
-    # int8 (the default on a CPU, fp32 or bf16 activations): every layer and the output layer on int8 rows, and the
-    # draft stays close to the target (a draft's error costs acceptance, never exactness); the frames' K/V first as they
-    # are (FRAMES = 1), then pooled by two: these random frames are unlike neighbours, so pooling moves them far more
-    # than a recording's, yet a wrong layout would move them further (> 1)
+    # int8 or int4 layers (the default on a CPU: int4, with the int8 target int8; fp32 or bf16 activations) and an int8
+    # output layer, and the draft stays close to the target (a draft's error costs acceptance, never exactness); the
+    # frames' K/V first as they are (FRAMES = 1), then pooled by two: these random frames are unlike neighbours, so
+    # pooling moves them far more than a recording's, yet a wrong layout would move them further (> 1). int4 steps are
+    # 127 / 7 ≈ 18× int8's: frames as they are, int8 moves these logits ~0.03–0.04, so int4 ~0.5–0.7
     half = load_whisper(str(tiny_dir), dtype="bfloat16", device="cpu", progress=False)
-    for frames, bound in ((1, 0.35), (2, 0.8)):
+    for frames, bound in ((1, 0.35 if weights == "int8" else 0.7), (2, 0.8 if weights == "int8" else 0.9)):
         monkeypatch.setattr(lean_whisper, "FRAMES", frames)
         for model, dtype in ((tiny, torch.float32), (half, torch.bfloat16)):
-            draft8, _ = _decoder_pair(model, "self", dtype, head_size=100, quantized=True)
-            assert draft8.weights == "int8" and all(p["fc1"][1] is not None for p in draft8.layers)
-            assert draft8.kv[0][0].shape[2] == 1500 // frames
+            low, _ = _decoder_pair(model, "self", dtype, head_size=100, weights=weights)
+            assert low.weights == weights and all(p["fc1"][1].bits == lean_whisper.BITS[weights] for p in low.layers)
+            assert low.head[1].bits == 8 and low.kv[0][0].shape[2] == 1500 // frames
             with torch.inference_mode():
-                z = draft8.forward(tokens, None, positions)[..., kept].float()
+                z = low.forward(tokens, None, positions)[..., kept].float()
             assert float((z - b[..., kept]).norm() / b[..., kept].norm()) < bound, (frames, dtype)
     t = torch.randn(2, 3, 7, 4)
     assert torch.equal(lean_whisper.pooled(t), ((t[:, :, 0:6:2] + t[:, :, 1:6:2]) / 2).bfloat16())  # the 7th dropped
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lean_draft_layers_in_cpp_give_the_python_loops_bits(tiny, tiny_dir, dtype):
+def test_lean_draft_layers_in_cpp_give_the_python_loops_bits(tiny, tiny_dir, dtype, weights):
     """kernels/lean_layers runs an int8 draft's layers in one C++ call: prefill, several tokens, one, holes, crop and
     select give the bits of LeanDecoder's Python loop (the same operations in the same order), logits and cache."""
     model = tiny if dtype == torch.float32 else load_whisper(str(tiny_dir), dtype="bfloat16", device="cpu",
                                                              progress=False)
-    fused, _ = _decoder_pair(model, "self", dtype, head_size=100, quantized=True)
-    plain, _ = _decoder_pair(model, "self", dtype, head_size=100, quantized=True)
+    fused, _ = _decoder_pair(model, "self", dtype, head_size=100, weights=weights)
+    plain, _ = _decoder_pair(model, "self", dtype, head_size=100, weights=weights)
     assert fused._fused() is not None, lean_layers.KERNEL.error
     plain.fused["layers"] = None  # the Python loop
     tokens = torch.randint(0, 259, (2, 12))
@@ -267,8 +271,8 @@ def test_int8_target_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
 def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_int8):
     """On a CPU, load_pair builds (or loads from the cache) the C++ kernels the steps will run, so that no
     recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
-    rows_attention always, int8_rows where the target's int8 rows or a lean draft's int8 weights run (alone or after
-    lookup), lean_layers where a lean draft's int8 layers run, float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
+    rows_attention always, int8_rows where the target's int8 rows or a lean draft's int4 / int8 weights run (alone or
+    after lookup), lean_layers where a lean draft's quantized layers run, float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
     (the encoder's) where the CPU has its AVX2 or AVX-512 path."""
     from specdec_cli.kernels import frames_attention
     from specdec_cli.options import TranscribeOptions
@@ -279,7 +283,7 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     floats = [] if target_int8 else ["float_rows"]
     frames = ["frames_attention"] if frames_attention.cpu_takes() else []
     _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
-    assert draft.lean.weights == "int8"  # the lean self draft's default
+    assert draft.lean.weights == ("int8" if target_int8 else "int4")  # the lean self draft's default
     assert built == ["rows_attention", "int8_rows", "lean_layers", *floats, *frames]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
@@ -439,7 +443,7 @@ def test_cli_json_and_text(tiny_dir, speech_wav, tmp_path):
             assert o["stats"]["language"] == "en" and o["stats"]["windows"] == 1
         texts[mode] = [o["text"] for o in objs]
     assert texts["exact"] == texts["baseline"] == texts["autoregressive"]
-    r = transcribe_cli(speech_wav, *tiny_args(tiny_dir), "--no-draft-int8", "--draft-vocab", "0")
+    r = transcribe_cli(speech_wav, *tiny_args(tiny_dir), "--no-draft-quantized", "--draft-vocab", "0")
     assert r.exit_code == 0 and r.stdout.strip() == texts["exact"][0], r.output
     r = transcribe_cli(speech_wav, *tiny_args(tiny_dir))
     assert r.exit_code == 0, r.output

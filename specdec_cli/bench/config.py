@@ -179,7 +179,7 @@ class TaskConfig:
     seed: int = options.DecodeOptions.seed
     threads: list[int] | None = None  # a sweep; None: torch's default
     draft_vocabs: list[int] | None = None  # a sweep of --draft-vocab; None: the task's default
-    draft_quantized: list[bool] | None = None  # a sweep of the draft's int8 weights (on / off); None: the default
+    draft_quantized: list[bool] | None = None  # a sweep of the draft's low-bit weights (on / off); None: the default
     target_int8: list[bool] | None = None  # transcribe: a sweep of --target-int8; None: the default (off)
     peers: list[str] = field(default_factory=list)  # other tools run beside (peers.PEERS), e.g. faster-whisper
     options: dict = field(default_factory=dict)

@@ -1,16 +1,16 @@
 """The self draft of Whisper: the target's own decoder weights, run by a lean decoding step.
 
-    LeanDecoder  the decoding step: the target's decoder layers in plain torch ops, on int8 rows on a CPU
+    LeanDecoder  the decoding step: the target's decoder layers in plain torch ops, on int4 / int8 rows on a CPU
     LeanDraft    the draft kind (`self`, `self:K`, `self:0-2,4` for a Whisper target): a LeanDecoder per window
 
 LeanDecoder keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
 output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids when the task decodes them
 (−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
-compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int8 weights
-(kernels/int8_rows: a step reads a quarter of fp32's bytes, half of bf16's; for an int8 target, --target-int8, its
-own rows, so its layers compute what the target's compute) and cross-attention over keys and values that each stand
-for FRAMES frames; with int8 weights the layers' loop runs in one C++ call (kernels/lean_layers: the same bits). Why
-every layer and not fewer: measured, see options.TranscribeOptions.
+compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int4 layers and an
+int8 output layer (kernels/int8_rows: a step reads ~0.36 of bf16's bytes; for an int8 target, --target-int8, int8
+layers, its own rows, so they compute what the target's compute) and cross-attention over keys and values that each
+stand for FRAMES frames; with quantized weights the layers' loop runs in one C++ call (kernels/lean_layers: the same
+bits). Why every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations
@@ -30,10 +30,16 @@ from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
 
+# The draft's weight forms on a CPU (kernels/int8_rows), as the bits of its layers' weights; the output layer stays
+# int8 in both: one token a round, the 74 s and 297 s recordings, Whisper base's bf16 target, its draft's token was
+# the target's 0.978 / 0.978 of the time with int8 layers, as often with int4 layers, 0.936 / 0.936 with an int4 output
+# layer too (benchmarks/README.md, twentieth session)
+BITS = {"int8": 8, "int4": 4}
+
 
 def weight_form(weights: str | None, embed: torch.Tensor) -> str | None:
-    """The draft's weights for `weights` (int8 | None) on a model whose embeddings are `embed`: None off a CPU."""
-    return "int8" if weights == "int8" and embed.device.type == "cpu" else None
+    """The draft's weights for `weights` (int8 | int4 | None) on a model whose embeddings are `embed`: None off a CPU."""
+    return weights if weights in BITS and embed.device.type == "cpu" else None
 
 
 # Frames a quantized draft's cross-attention key and value stand for (their mean). The 74 s recording, four windows,
@@ -92,9 +98,10 @@ class LeanDecoder(Decoder):
         self.weights = weight_form(weights, decoder.embed_tokens.weight)
         s = self.head_dim**-0.5  # transformers scales the query after its projection (bias included)
 
-        def lin(weight, bias=None):  # (weight, packed or None, bias) for _linear()
-            if self.weights == "int8":
-                return None, int8_rows.pack(weight.detach()), None if bias is None else bias.detach().float()
+        def lin(weight, bias=None, bits=None):  # (weight, packed or None, bias) for _linear(); bits: the layers'
+            if self.weights is not None:
+                packed = int8_rows.pack(weight.detach(), bits or BITS[self.weights])
+                return None, packed, None if bias is None else bias.detach().float()
             return weight, None, bias
 
         def norm(m: nn.LayerNorm):
@@ -120,19 +127,20 @@ class LeanDecoder(Decoder):
         self.vocab = weight.shape[0]
         if head_size is None or not 1 <= head_size < self.vocab:
             self.keep = None  # the whole output layer
-            self.head = lin(weight)
+            self.head = lin(weight, bits=8)
         else:
             extra = sorted({int(i) for i in extra_ids if head_size <= int(i) < self.vocab})
             rows = head_size + len(extra)
             pad = min(-rows % 16, self.vocab - rows)  # rows by 16, the int8 kernel's blocks: the next ids fill them
             ids = sorted(set(range(head_size + pad)) | set(extra))
             self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
-            self.head = lin(weight.index_select(0, self.keep))  # [N', d]
+            self.head = lin(weight.index_select(0, self.keep), bits=8)  # [N', d]
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.keys = self.values = None
         self.fused: dict = {}  # "layers": the C++ loop over quantized layers (lean_layers) or None; shared by windows
         head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
-        self.description = f"layers {list(layers)}, {head}" + (f", {self.weights}" if self.weights else "")
+        form = {"int8": ", int8", "int4": ", int4 layers, int8 output layer"}.get(self.weights or "", "")
+        self.description = f"layers {list(layers)}, {head}{form}"
 
     @property
     def head_rows(self) -> int:
@@ -279,7 +287,7 @@ def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | N
                weights: str | None = "int8", timestamps: bool = False) -> LeanDraft:
     """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDecoder
     over those decoder layers with an output layer over [0, head_size) ∪ head_extras (None, 0 or ≥ V: the whole
-    output layer), `weights` (int8 or None: the model's own) on a CPU."""
+    output layer), `weights` (int8, int4 (its layers; BITS) or None: the model's own) on a CPU."""
     layers = spec.self_layers(draft_spec, len(decoder_layers(target)))
     if layers is None:
         raise ValueError(f"not a self draft: {draft_spec!r}")
@@ -288,9 +296,11 @@ def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | N
 
 
 def build(draft_spec: str, target: LoadedModel, opts: TranscribeOptions, progress: bool = True) -> LeanDraft:
-    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int8 rows
-    (with --target-int8 the target's own). Int8 rows, not torch's int4 GEMV: with the rows kernels fetching their
-    weights ahead, the int8 draft step took 3.3 ms against int4's 3.9 and accepted 0.96 of its tokens (the 74 s
-    recording, four windows, AMD EPYC Zen 5)."""
-    weights = "int8" if opts.draft_quantized else None
+    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4 layers
+    and an int8 output layer, or with --target-int8 the target's own int8 rows. Measured (AMD EPYC Zen 5, 2 threads,
+    one process, interleaved, medians of 6; benchmarks/README.md, twentieth session): on the bf16 target int4 layers
+    decoded the 74 s / 297 s recordings 1.34x / 1.26x faster than the target alone where int8 ones did 1.21x / 1.16x
+    (agreement alike, the draft step 2.24 against 2.50 ms); on the int8 target they agreed less (0.971 against its
+    own rows' 0.986) and were no faster (1.14x / 1.17x against 1.23x / 1.11x)."""
+    weights = None if not opts.draft_quantized else "int8" if opts.target_int8 else "int4"
     return self_draft(target, draft_spec, opts.draft_vocab, weights, opts.timestamps)

@@ -418,10 +418,10 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
         target.model.proj_out = int8.Int8Linear(target.model.proj_out)
     if target.device.type == "cpu":  # the C++ kernels its steps run, built now: no recording's time holds a build
         lean = getattr(drafts.model_draft(draft), "lean", None)  # a lean self draft's decoder (lookup+self's too)
-        lean_int8 = getattr(lean, "weights", None) == "int8"
+        lean_rows = getattr(lean, "weights", None) is not None  # int8 or int4 rows
         float_run = takes_kernel(target.model.proj_out)  # its decoder's linears (not int8 ones)
-        build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if opts.target_int8 or lean_int8 else ()),
-                                 *((lean_layers.KERNEL,) if lean_int8 else ()), *((float_rows.KERNEL,) if float_run else ()),
+        build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if opts.target_int8 or lean_rows else ()),
+                                 *((lean_layers.KERNEL,) if lean_rows else ()), *((float_rows.KERNEL,) if float_run else ()),
                                  *((frames_attention.KERNEL,) if frames_attention.cpu_takes() else ())))
     return target, draft
 
