@@ -108,11 +108,9 @@ def _decoder_pair(tiny, draft_spec, dtype=torch.float32, B=2, head_size=None, we
     return draft, WindowDecoder(model, encoded, kv)
 
 
-@pytest.mark.parametrize("spec", ["self", "self:2", "self:0,2"])
-def test_lean_draft_computes_what_transformers_decoder_computes(tiny, spec):
-    """fp32, no int8: prefill, several tokens at once, one at a time, holes (rows that accepted fewer drafts),
-    crop, select: the lean step's logits are transformers' own."""
-    draft, ref = _decoder_pair(tiny, spec)
+def _replay(one, other, compare):
+    """Drive two decoders through the same calls on random tokens: prefill, several tokens at once, one (keep=1),
+    holes (row 1 rejected two slots), crop, select; compare(one's logits, other's, end) after each."""
     tokens = torch.randint(0, 259, (2, 12))
     positions = torch.arange(12)[None].repeat(2, 1)
     valid = torch.ones(2, 12, dtype=torch.bool)
@@ -121,23 +119,34 @@ def test_lean_draft_computes_what_transformers_decoder_computes(tiny, spec):
 
     def both(start, end, mask=None, keep=0):
         args = (tokens[:, start:end], None if mask is None else valid[:, :end], positions[:, start:end])
-        a, b = draft.forward(*args, keep=keep), ref.forward(*args, keep=keep)
-        assert_same_up_to_rounding(a, b, whisper_decoder_sums(tiny.model.config, keys=end))
-        assert draft.length == ref.length == end
+        compare(one.forward(*args, keep=keep), other.forward(*args, keep=keep), end)
 
     with torch.inference_mode():
-        draft.prefill(tokens[:, :3], None, positions[:, :3])
-        ref.prefill(tokens[:, :3], None, positions[:, :3])
+        for d in (one, other):
+            d.prefill(tokens[:, :3], None, positions[:, :3])
         both(3, 5)
         both(5, 6, keep=1)
         both(6, 9, mask=True)
-        draft.crop(7), ref.crop(7)
+        one.crop(7), other.crop(7)
         both(7, 8, mask=True)
         rows = torch.tensor([1])
-        draft.select(rows), ref.select(rows)
+        one.select(rows), other.select(rows)
         tokens, positions, valid = tokens[1:], positions[1:], valid[1:]
         both(8, 10, mask=True)
         both(10, 11, mask=True)
+
+
+@pytest.mark.parametrize("spec", ["self", "self:2", "self:0,2"])
+def test_lean_draft_computes_what_transformers_decoder_computes(tiny, spec):
+    """fp32, no int8: prefill, several tokens at once, one at a time, holes (rows that accepted fewer drafts),
+    crop, select: the lean step's logits are transformers' own."""
+    draft, ref = _decoder_pair(tiny, spec)
+
+    def close(a, b, end):
+        assert_same_up_to_rounding(a, b, whisper_decoder_sums(tiny.model.config, keys=end))
+        assert draft.length == ref.length == end
+
+    _replay(draft, ref, close)
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
@@ -174,39 +183,21 @@ def test_lean_draft_output_layer_subset_and_low_bits(tiny, tiny_dir, monkeypatch
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lean_draft_layers_in_cpp_give_the_python_loops_bits(tiny, tiny_dir, dtype, weights):
-    """kernels/lean_layers runs an int8 draft's layers in one C++ call: prefill, several tokens, one, holes, crop and
-    select give the bits of LeanDecoder's Python loop (the same operations in the same order), logits and cache."""
+    """kernels/lean_layers runs a quantized draft's layers in one C++ call: prefill, several tokens, one, holes, crop
+    and select give the bits of LeanDecoder's Python loop (the same operations in the same order), logits and cache."""
     model = tiny if dtype == torch.float32 else load_whisper(str(tiny_dir), dtype="bfloat16", device="cpu",
                                                              progress=False)
     fused, _ = _decoder_pair(model, "self", dtype, head_size=100, weights=weights)
     plain, _ = _decoder_pair(model, "self", dtype, head_size=100, weights=weights)
     assert fused._fused() is not None, lean_layers.KERNEL.error
     plain.fused["layers"] = None  # the Python loop
-    tokens = torch.randint(0, 259, (2, 12))
-    positions = torch.arange(12)[None].repeat(2, 1)
-    valid = torch.ones(2, 12, dtype=torch.bool)
-    valid[1, 5:7] = False
-    positions[1] = (valid[1].long().cumsum(0) - 1).clamp_min(0)
 
-    def both(start, end, mask=None, keep=0):
-        args = (tokens[:, start:end], None if mask is None else valid[:, :end], positions[:, start:end])
-        a, b = fused.forward(*args, keep=keep), plain.forward(*args, keep=keep)
-        assert torch.equal(a, b), (start, end)
+    def same(a, b, end):
+        assert torch.equal(a, b), end
         assert torch.equal(fused.keys[:, :, :, :end], plain.keys[:, :, :, :end])
         assert torch.equal(fused.values[:, :, :, :end], plain.values[:, :, :, :end])
 
-    with torch.inference_mode():
-        for d in (fused, plain):
-            d.prefill(tokens[:, :3], None, positions[:, :3])
-        both(3, 5)
-        both(5, 6, keep=1)
-        both(6, 9, mask=True)
-        fused.crop(7), plain.crop(7)
-        both(7, 8, mask=True)
-        rows = torch.tensor([1])
-        fused.select(rows), plain.select(rows)
-        tokens, positions, valid = tokens[1:], positions[1:], valid[1:]
-        both(8, 10, mask=True)
+    _replay(fused, plain, same)
 
 
 def _steps_and_passes(whisper, encoded, kv, vocab):
