@@ -23,11 +23,8 @@ def runner(layers: list[dict], heads: int, head_dim: int):
         return None
     names = ("norm1", "qkv", "out", "norm2", "q", "cross_out", "norm3", "fc1", "fc2")
 
-    def part(v):
-        if len(v) == 3 and isinstance(v[2], float):  # a norm
-            return v
-        packed, bias = v[1], v[2]
-        return packed.blocks, packed.sums, packed.scales, bias
+    def part(name, v):  # a norm as it is; a linear (None, Packed, bias) as (blocks, sums, scales, bias)
+        return v if name.startswith("norm") else (v[1].blocks, v[1].sums, v[1].scales, v[2])
 
-    flat = [tuple(part(p[n]) for n in names) for p in layers]
+    flat = [tuple(part(n, p[n]) for n in names) for p in layers]
     return mods[0].Layers(flat, heads, head_dim, mods[1].entry(), mods[2].entry())
