@@ -138,9 +138,12 @@ class LeanDecoder(Decoder):
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.keys = self.values = None
         self.fused: dict = {}  # "layers": the C++ loop over quantized layers (lean_layers) or None; shared by windows
+
+    @property
+    def description(self) -> str:
         head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
         form = {"int8": ", int8", "int4": ", int4 layers, int8 output layer"}.get(self.weights or "", "")
-        self.description = f"layers {list(layers)}, {head}{form}"
+        return f"layers {list(self.layer_ids)}, {head}{form}"
 
     @property
     def head_rows(self) -> int:
