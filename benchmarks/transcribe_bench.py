@@ -9,10 +9,10 @@ Input sets:
 Contenders (greedy, so every contender must print the autoregressive transcript: checked and reported):
     autoregressive               the target alone
     self N=… τ=… γ=…             the self draft (drafts/lean_whisper.LeanDraft): every decoder layer of the target, int8
-                                 weights, its output layer cut to ids [0, N) + EOT; a round's drafting ends after
+                                 weights (the CLI's draft has int4 layers since the twentieth session), its output layer cut to ids [0, N) + EOT; a round's drafting ends after
                                  a token it gave less than τ (--draft-stop; τ = 0: always γ tokens); the target
                                  (ExactScorer) scores the round's tokens + 1 in one pass
-    self … bf16                  the same draft with the target's bf16 weights (--no-draft-int8): what int8 saves
+    self … bf16                  the same draft with the target's bf16 weights (--no-draft-quantized): what int8 saves
     self:K …                     the first K layers (+ reduced output layer): what cutting layers costs
 
 Also: each draft's per-token agreement with the target's greedy token under teacher forcing (what greedy
