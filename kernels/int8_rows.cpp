@@ -149,15 +149,15 @@ AVX2_FN void block_avx2_r(const Call& c, int64_t nb, int64_t m0) {
     const int64_t at = NIB ? kk / 2 * 64 : kk * 64;  // the k-step's 64 bytes (int4: shared by kk and kk + 1)
     if (m0 == 0 && (!NIB || kk % 2 == 0) && wb + at + AHEAD_BYTES < end)  // once a call
       _mm_prefetch((const char*)(wb + at + AHEAD_BYTES), _MM_HINT_T0);
+    // the step's weights for 16 outputs, two halves: int4 the nibbles (w + 8), int8 w itself
+    const __m256i w0 = NIB ? nibbles(wb + at, kk) : _mm256_loadu_si256((const __m256i*)(wb + at));
+    const __m256i w1 = NIB ? nibbles(wb + at + 32, kk) : _mm256_loadu_si256((const __m256i*)(wb + at + 32));
     for (int i = 0; i < R; i++) {
       const __m256i a = _mm256_set1_epi32(load4(c.xq + (m0 + i) * c.K + kk * 4));
       if constexpr (NIB) {  // (w + 8) unsigned · q signed
-        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(wb + at, kk), a), ones));
-        acc[i][1] = _mm256_add_epi32(acc[i][1],
-                                     _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(wb + at + 32, kk), a), ones));
+        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w0, a), ones));
+        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w1, a), ones));
       } else {  // |q| unsigned · w with q's sign
-        const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + at));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + at + 32));
         const __m256i au = _mm256_abs_epi8(a);
         acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, a)), ones));
         acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, a)), ones));
