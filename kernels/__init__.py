@@ -15,7 +15,7 @@ And the CPU kernels of the decoding loop's target (C++, built at first use by cp
     rows_attention.py  a pass's attention, each row computed alone (rows_attention.cpp), its reference
     layer_ops.py       a Llama-shaped layer's norms and rotary embedding fused (layer_ops.cpp), beside torch's ops
     int8_rows.py       x · Wᵀ with W int8 per output row, each row of x quantized alone (int8_rows.cpp), its twin
-    lean_layers.py     the Whisper self draft's int8 layers in one call (lean_layers.cpp), beside its Python loop
+    lean_layers.py     the Whisper self draft's int4 / int8 layers in one call (lean_layers.cpp), beside its Python loop
 
 Whether Triton kernels compile for a GPU or run under the interpreter is chosen when `specdec_cli`
 is imported (see its __init__): interpreter without a CUDA device.

@@ -28,7 +28,7 @@ KERNEL = cpp.Extension("int8_rows", SOURCE, ["-O3", "-ffp-contract=off", "-fno-f
 
 @dataclass(frozen=True)
 class Packed:
-    """An int8 weight as the kernel reads it."""
+    """An int8 or int4 weight as the kernel reads it."""
 
     blocks: torch.Tensor  # [N128 / 16, K / 4, 16, 4] int8: 16 rows' 4 consecutive weights side by side (zero rows
     #                       past N); int4: [N128 / 16, K / 8, 16, 4] uint8, two k-steps' w + 8 in the low / high nibbles

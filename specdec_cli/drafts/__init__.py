@@ -4,7 +4,7 @@
     lookup.py         prompt lookup: a draft without a model, verified as one-hot (and lookup+DRAFT)
     causal.py         a causal LM as the draft: another model, with a subset head and int8 weights
     layers.py         self:K for causal LMs: the target's first K layers, weights shared
-    lean_whisper.py   self for Whisper: the target's decoder in a lean int8 decoding step
+    lean_whisper.py   self for Whisper: the target's decoder in a lean int4 / int8 decoding step
     whisper_model.py  another Whisper model as the draft
     subset_head.py    an output layer over a subset of the vocabulary
     int8.py           low-bit draft weights on a CPU

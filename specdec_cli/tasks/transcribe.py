@@ -23,7 +23,7 @@ Per input file:
     → the windows' texts joined with one space (the cuts lie in pauses: no word is split, dropped or doubled);
       segments: one per window, or with timestamps the model's own, their times offset by the window's start.
 
-The default draft, `self`, is the target's own decoder in a lean int8 decoding step with a reduced output layer
+The default draft, `self`, is the target's own decoder in a lean int4 decoding step with a reduced output layer
 (drafts/lean_whisper.py). The draft proposes γ tokens one at a time, then the target scores the γ+1 slots in one
 pass (models.whisper_decoding.ExactScorer), which costs about what one token costs: that is the saving. Another
 Whisper model (`--draft DIR-or-ID`, same vocabulary) reuses the target's encoder output when its encoder has the
@@ -409,7 +409,7 @@ def load_draft(draft_spec: str, target: LoadedModel, options: TranscribeOptions 
 def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedModel, Draft | None]:
     """(target, draft) for `opts`; draft is None for autoregressive, else load_draft's. --target-int8: the
     target's decoder and output linears in int8 (models/int8.py), after the draft took what it copies from the
-    target's weights (a self draft's int8 layers are its own)."""
+    target's weights (a self draft's int4 or int8 layers are its own)."""
     target, draft = drafts.load_pair(opts, WHISPER, progress=progress)
     if opts.target_int8:
         if target.device.type != "cpu":
