@@ -68,8 +68,8 @@ class LeanDecoder(Decoder):
     [0, head_size) ∪ `extra_ids` (−inf elsewhere: zero probability off the subset, which exact verification
     allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
     in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
-    cross-attention K/V (cross_kv; pooled() where quantized) and, on a CPU, `weights` int8 (None: the model's own;
-    options.TranscribeOptions).
+    cross-attention K/V (cross_kv; pooled() where quantized) and, on a CPU, `weights` int8 or int4 (its layers; the
+    output layer int8 in both; None: the model's own; options.TranscribeOptions).
 
     What it computes, as transformers' WhisperDecoder does (pre-norm; every projection has a bias but k's):
         x = embed[token] + pos[position]
