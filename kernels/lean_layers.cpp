@@ -5,17 +5,19 @@
 //
 // Per layer (x [B, T, d]; q, k, v [B, heads, T, head_dim]; the query scale folded into the weights):
 //   x += out(attend(LN1(x)·Wqkv, cache))        k, v written to the cache's slots start … start + T − 1 first
-//   x += cross_out(attend(LN2(x)·Wq, K, V))
+//   x += cross_out(attend(LN2(x)·Wq · Ks, K, V) · Vs)    K, V int8 with per-channel scales Ks, Vs (or as they are)
 //   x += fc2(gelu(fc1(LN3(x))))
 
 #include <torch/extension.h>
 
+#include <tuple>
 #include <vector>
 
 namespace {
 
 using Mm = torch::Tensor (*)(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>,
                              int64_t);
+using CrossKV = std::tuple<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>>;
 using Attend = torch::Tensor (*)(torch::Tensor, torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, double,
                                  bool);
 
@@ -61,9 +63,10 @@ class Layers {
   }
 
   // x [B, T, d]; keys, values [layers, B, heads, slots, head_dim] (the self-attention cache); holes [B, 1, 1, end]
-  // bool or none; cross: per layer (K, V) [B, heads, S, head_dim] -> x after every layer
+  // bool or none; cross: per layer (K, V [B, heads, S, head_dim], K's scale [B, heads, 1, head_dim] and V's
+  // [B, 1, heads, head_dim], or None: lean_whisper.cross_attention's) -> x after every layer
   torch::Tensor run(torch::Tensor x, torch::Tensor keys, torch::Tensor values, int64_t start,
-                    c10::optional<torch::Tensor> holes, std::vector<std::pair<torch::Tensor, torch::Tensor>> cross) {
+                    c10::optional<torch::Tensor> holes, std::vector<CrossKV> cross) {
     TORCH_CHECK(cross.size() == layers_.size() && keys.size(0) == (int64_t)layers_.size(),
                 "lean_layers: one cache and one cross K/V a layer");
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2), end = start + T;
@@ -78,7 +81,9 @@ class Layers {
       x = x + linear(a.reshape({B, T, d}), p.out);
       h = at::layer_norm(x, {d}, p.norm2.weight, p.norm2.bias, p.norm2.eps);
       auto q = linear(h, p.q).view({B, T, heads_, head_dim_}).transpose(1, 2);
-      a = attend_(q, cross[i].first, cross[i].second, c10::nullopt, 1.0, false);
+      const auto& [K, V, ks, vs] = cross[i];
+      if (ks) a = (attend_(q * *ks, K, V, c10::nullopt, 1.0, false) * *vs).to(q.scalar_type());
+      else a = attend_(q, K, V, c10::nullopt, 1.0, false);
       x = x + linear(a.reshape({B, T, d}), p.cross_out);
       h = at::layer_norm(x, {d}, p.norm3.weight, p.norm3.bias, p.norm3.eps);
       x = x + linear(at::gelu(linear(h, p.fc1)), p.fc2);

@@ -14,7 +14,8 @@
 //   out_d       Σ e_j · v_jd as a chain of fma in j order over the keys with e_j ≠ 0, then / l; 0 where no key is
 //               shown
 //
-// q, K and V are read in their own dtype (fp32 or bf16, widened exactly). GQA: head h reads KV head h / (H / KVH).
+// q, K and V are read in their own dtype (fp32 or bf16; K and V also int8: a caller's per-channel scales folded into q
+// and the output), widened exactly. GQA: head h reads KV head h / (H / KVH).
 // The work: groups of (the heads of one KV head) × (a block of rows), spread over threads, each computed by one
 // thread; a group's members share the loads of K and V (and, with AVX-512, the reductions of 16 keys' dots),
 // never an operation of their arithmetic.
@@ -38,6 +39,7 @@ constexpr int64_t AHEAD_BYTES = 16384;
 inline int64_t ahead_keys(int64_t unit_bytes) { return std::max<int64_t>(1, AHEAD_BYTES / unit_bytes); }
 
 inline float widen(float v) { return v; }
+inline float widen(int8_t v) { return (float)v; }  // exact
 inline float widen(c10::BFloat16 v) {  // exact
   uint32_t bits = (uint32_t)v.x << 16;
   float f;
@@ -86,6 +88,7 @@ inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline V vload(const c10::BFloat16* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16))};
 }
+inline V vload(const int8_t* p) { return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))}; }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.a); }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.a, b.a, c.a)}; }
 inline V vadd(V a, V b) { return {_mm512_add_ps(a.a, b.a)}; }
@@ -113,6 +116,8 @@ inline __m256 bf8(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 inline V vload(const c10::BFloat16* p) { return {bf8(p), bf8(p + 8)}; }
+inline __m256 i8x8(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
+inline V vload(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
 inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline V vadd(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
@@ -459,7 +464,7 @@ void run(const Args& a) {
   });
 }
 
-// q [B, H, T, D]; k, v [B, KVH, S, D] (each with its last dim contiguous; fp32 or bf16, k and v alike);
+// q [B, H, T, D]; k, v [B, KVH, S, D] (each with its last dim contiguous; fp32 or bf16, k and v alike, or int8);
 // mask [B, 1 | H, 1 | T, S] bool or fp32, or none; -> out [B, T, H, D] in q's dtype.
 torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                      double scale, bool causal) {
@@ -470,7 +475,9 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::opt
   TORCH_CHECK(!causal || T <= S, "rows_attention: more causal rows than keys");
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "rows_attention: k and v must share a dtype");
   for (auto* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16, "rows_attention: fp32 or bf16");
+    const bool int8_kv = t != &q && t->scalar_type() == at::kChar;
+    TORCH_CHECK(int8_kv || t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16,
+                "rows_attention: q fp32 or bf16; k, v fp32, bf16 or int8");
     if (t->stride(3) != 1) *t = t->contiguous();
   }
   auto out = torch::empty({B, T, H, D}, q.options());
@@ -488,11 +495,12 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::opt
     for (int i = 0; i < 4; i++) a.ms[i] = m.stride(i);
   }
   if (B * H * T == 0) return out;
-  const bool qb = q.scalar_type() == at::kBFloat16, kb = k.scalar_type() == at::kBFloat16;
-  if (qb && kb) run<c10::BFloat16, c10::BFloat16>(a);
-  else if (qb) run<c10::BFloat16, float>(a);
-  else if (kb) run<float, c10::BFloat16>(a);
-  else run<float, float>(a);
+  const bool qb = q.scalar_type() == at::kBFloat16;
+  switch (k.scalar_type()) {
+    case at::kBFloat16: qb ? run<c10::BFloat16, c10::BFloat16>(a) : run<float, c10::BFloat16>(a); break;
+    case at::kChar: qb ? run<c10::BFloat16, int8_t>(a) : run<float, int8_t>(a); break;
+    default: qb ? run<c10::BFloat16, float>(a) : run<float, float>(a);
+  }
   return out;
 }
 

@@ -3,8 +3,9 @@ top states the arithmetic): a pass's row gets the bits of a one-token step at it
 (a batch's padding, the holes of rejected draft tokens) change none of them, as decoding/exact_rows needs, in one
 call for every row and head instead of a torch call per row.
 
-    attend     q [B, H, T, D], k, v [B, KVH, S, D] (any strides but the last; fp32 or bf16), mask [B, 1|H, 1|T, S]
-               bool or float, or None -> [B, T, H, D] in q's dtype; None where the kernel did not build
+    attend     q [B, H, T, D], k, v [B, KVH, S, D] (any strides but the last; fp32 or bf16, k and v also int8:
+               a draft's, its scales folded in by the caller), mask [B, 1|H, 1|T, S] bool or float, or None
+               -> [B, T, H, D] in q's dtype; None where the kernel did not build
     reference  the same in fp64 torch ops, not rounded to q's dtype (tests)
 """
 

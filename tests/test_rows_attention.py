@@ -106,16 +106,26 @@ def test_threads_and_cross_attention(build):
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
-def test_bf16_keys_give_their_fp32_copys_bits(build):
-    """K/V held in bf16 and the same values in fp32 give the same output bit for bit (each is widened exactly):
-    Whisper's cross-attention keeps its bf16-computed K/V in bf16 where the kernel runs
-    (models.whisper.cross_attention_dtype), which must not change a transcript."""
+@pytest.mark.parametrize("kdtype", [torch.bfloat16, torch.int8])
+def test_bf16_and_int8_keys_give_their_fp32_copys_bits(build, kdtype):
+    """K/V held in bf16 or int8 and the same values in fp32 give the same output bit for bit (each is widened
+    exactly): Whisper's cross-attention keeps its bf16-computed K/V in bf16 where the kernel runs
+    (models.whisper.cross_attention_dtype), which must not change a transcript; the self draft's are int8."""
     attend = BUILDS[build]()
-    q, k, v, _ = case(2, 8, 8, 64, 3, 1500, torch.bfloat16, torch.bfloat16, None, seed=5)
+    q, k, v, _ = case(2, 8, 8, 64, 3, 1500, torch.bfloat16, torch.float32, None, seed=5)
+    scale = 0.125
+    if kdtype == torch.int8:  # the values in steps of 1/30: scores as the bf16 case's
+        k, v = ((t * 30).round().clamp(-127, 127).to(torch.int8) for t in (k, v))
+        scale /= 30
+    else:
+        k, v = k.bfloat16(), v.bfloat16()
+    ref = rows_attention.reference(q, k, v, None, scale, causal=False)
+    out = attend(q, k, v, None, scale, False)
+    assert ((out.double() - ref).abs() <= tolerance(q, k, v, scale, ref)).all()
     for causal in (False, True):
-        assert torch.equal(attend(q, k, v, None, 0.125, causal), attend(q, k.float(), v.float(), None, 0.125, causal))
-        assert torch.equal(attend(q[:, :, :1], k, v, None, 0.125, causal),
-                           attend(q[:, :, :1], k.float(), v.float(), None, 0.125, causal))
+        assert torch.equal(attend(q, k, v, None, scale, causal), attend(q, k.float(), v.float(), None, scale, causal))
+        assert torch.equal(attend(q[:, :, :1], k, v, None, scale, causal),
+                           attend(q[:, :, :1], k.float(), v.float(), None, scale, causal))
 
 
 @pytest.mark.parametrize("build", list(BUILDS))

@@ -177,7 +177,12 @@ def test_lean_draft_output_layer_subset_and_low_bits(tiny, tiny_dir, monkeypatch
                 z = low.forward(tokens, None, positions)[..., kept].float()
             assert float((z - b[..., kept]).norm() / b[..., kept].norm()) < bound, (frames, dtype)
     t = torch.randn(2, 3, 7, 4)
-    assert torch.equal(lean_whisper.pooled(t), ((t[:, :, 0:6:2] + t[:, :, 1:6:2]) / 2).bfloat16())  # the 7th dropped
+    q, scale = lean_whisper.pooled(t)  # int8 [2, 3, 3, 4], [2, 3, 1, 4]
+    mean = ((t[:, :, 0:6:2] + t[:, :, 1:6:2]) / 2).double()  # the 7th dropped
+    assert q.dtype == torch.int8 and scale.shape == (2, 3, 1, 4)
+    assert torch.equal(q.abs().amax(2, keepdim=True), torch.full_like(scale, 127, dtype=torch.int8))  # a channel's top
+    # rounded to the nearest step: half a step, and the fp32 division's rounding (≤ 127 · 2⁻²⁴ of a step)
+    assert ((q.double() * scale.double() - mean).abs() <= scale.double() * (0.5 + 127 * 2.0 ** -24)).all()
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])

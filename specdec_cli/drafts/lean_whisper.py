@@ -8,8 +8,8 @@ output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids
 (−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
 compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int4 layers and an
 int8 output layer (kernels/int8_rows: a step reads ~0.36 of bf16's bytes; for an int8 target, --target-int8, int8
-layers, its own rows, so they compute what the target's compute) and cross-attention over keys and values that each
-stand for FRAMES frames; with quantized weights the layers' loop runs in one C++ call (kernels/lean_layers: the same
+layers, its own rows, so they compute what the target's compute) and cross-attention over int8 keys and values that
+each stand for FRAMES frames (pooled); with quantized weights the layers' loop runs in one C++ call (kernels/lean_layers: the same
 bits). Why every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
@@ -48,12 +48,26 @@ def weight_form(weights: str | None, embed: torch.Tensor) -> str | None:
 FRAMES = 2
 
 
-def pooled(t: torch.Tensor) -> torch.Tensor:
-    """[B, heads, S, head_dim] -> [B, heads, S / FRAMES, head_dim] bf16, each the mean of FRAMES adjacent frames (in
-    fp32; the last S mod FRAMES frames dropped). Every key stands for as many frames, so softmax needs no count term."""
+def pooled(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, heads, S, head_dim] -> (int8 [B, heads, S / FRAMES, head_dim], scale [B, heads, 1, head_dim] fp32): each
+    key the mean of FRAMES adjacent frames (in fp32; the last S mod FRAMES frames dropped) ≈ int8 · scale, one scale a
+    channel (its largest |mean| / 127), so it folds into the query (keys) or the output (values) and the rows kernel
+    reads a byte a value. Every key stands for as many frames, so softmax needs no count term."""
     B, H, S, D = t.shape
     n = S // FRAMES
-    return t[:, :, :n * FRAMES].float().reshape(B, H, n, FRAMES, D).mean(3).to(torch.bfloat16).contiguous()
+    mean = t[:, :, :n * FRAMES].float().reshape(B, H, n, FRAMES, D).mean(3)  # [B, H, n, D]
+    scale = mean.abs().amax(2, keepdim=True).clamp_min(1e-30) / 127  # [B, H, 1, D]
+    return (mean / scale).round().clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
+def cross_attention(q: torch.Tensor, kv: tuple, attend) -> torch.Tensor:
+    """q [B, heads, T, head_dim] over a window's cross-attention kv = (K, V, K's scale, V's scale) (scales None: K,
+    V as they are; else pooled()'s, V's as [B, 1, heads, head_dim]) -> [B, T, heads, head_dim] in q's dtype, through
+    attend(q, k, v) -> [B, T, heads, head_dim]."""
+    k, v, ks, vs = kv
+    if ks is None:
+        return attend(q, k, v)
+    return (attend(q * ks, k, v) * vs).to(q.dtype)  # Σ_d q_d·(s_d·k_jd) and Σ_j p_j·(s_d·v_jd): the scales outside
 
 
 def _linear(x: torch.Tensor, lin: tuple) -> torch.Tensor:
@@ -68,7 +82,7 @@ class LeanDecoder(Decoder):
     [0, head_size) ∪ `extra_ids` (−inf elsewhere: zero probability off the subset, which exact verification
     allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
     in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
-    cross-attention K/V (cross_kv; pooled() where quantized) and, on a CPU, `weights` int8 or int4 (its layers; the
+    cross-attention K/V (cross_kv; int8, pooled(), where quantized) and, on a CPU, `weights` int8 or int4 (its layers; the
     output layer int8 in both; None: the model's own; options.TranscribeOptions).
 
     What it computes, as transformers' WhisperDecoder does (pre-norm; every projection has a bias but k's):
@@ -135,7 +149,7 @@ class LeanDecoder(Decoder):
             ids = sorted(set(range(head_size + pad)) | set(extra))
             self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
             self.head = lin(weight.index_select(0, self.keep), bits=8)  # [N', d]
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv: list[tuple] = []  # per layer (K, V, K's scale or None, V's scale or None): cross_attention's
         self.keys = self.values = None
         self.fused: dict = {}  # "layers": the C++ loop over quantized layers (lean_layers) or None; shared by windows
 
@@ -153,12 +167,15 @@ class LeanDecoder(Decoder):
         """A copy for one window: kv = every target layer's cross-attention (K, V), each [B, heads, S, head_dim]
         (cross_kv); hook = the logits hook. The weights are shared."""
         draft = copy.copy(self)
-        draft.kv = [kv[i] for i in self.layer_ids]
+        draft.kv = [(*kv[i], None, None) for i in self.layer_ids]
         if self.weights is not None and rows_attention.KERNEL.module():
-            # a quantized draft reads the frames' K/V in bf16 (the rows kernel widens them), each key and value the
+            # a quantized draft reads the frames' K/V in int8 (the rows kernel widens them), each key and value the
             # mean of FRAMES adjacent frames': a step's largest read (4 windows: 147 MB of fp32 K/V for Whisper base)
-            # a quarter; the target keeps its own K/V, so the output is the target's as ever
-            draft.kv = [(pooled(k), pooled(v)) for k, v in draft.kv]
+            # an eighth; the target keeps its own K/V, so the output is the target's as ever
+            draft.kv = []
+            for k, v in (kv[i] for i in self.layer_ids):
+                (k, ks), (v, vs) = pooled(k), pooled(v)
+                draft.kv.append((k, v, ks, vs.transpose(1, 2)))
         draft.logits_hook = hook
         draft.reset()
         return draft
@@ -199,8 +216,7 @@ class LeanDecoder(Decoder):
             x = x + _linear(a.reshape(B, T, d), p["out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm2"])
             q = _linear(h, p["q"]).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
-            k, v = self.kv[i]  # in models.whisper.cross_attention_dtype
-            a = self._attend(q, k, v, None, causal=False)
+            a = cross_attention(q, self.kv[i], lambda q, k, v: self._attend(q, k, v, None, causal=False))
             x = x + _linear(a.reshape(B, T, d), p["cross_out"])
             h = nn.functional.layer_norm(x, (d,), *p["norm3"])
             x = x + _linear(self.activation(_linear(h, p["fc1"])), p["fc2"])
@@ -219,7 +235,7 @@ class LeanDecoder(Decoder):
         whatever T (one query over 1 500 frames ~45 µs, 11 ~0.2 ms, 300 ~4.4 ms; sdpa in fp32 first widens bf16 K/V:
         ~1.8 ms a call at any T, ~7 ms at 300); elsewhere, or where it did not build (K/V are then fp32:
         models.whisper.cross_attention_dtype), sdpa, in fp32 on a CPU (torch's bf16 kernel is ~8× slower there)."""
-        if q.device.type == "cpu" and {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16}:
+        if q.device.type == "cpu" and {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16, torch.int8}:
             out = rows_attention.attend(q, k, v, holes, 1.0, causal)
             if out is not None:
                 return out
@@ -254,7 +270,7 @@ class LeanDecoder(Decoder):
     def select(self, rows: torch.Tensor) -> None:
         self.keys, self.values = self.keys.index_select(1, rows), self.values.index_select(1, rows)
         self.seen = self.seen.index_select(0, rows)
-        self.kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.kv]
+        self.kv = [tuple(t if t is None else t.index_select(0, rows) for t in kv) for kv in self.kv]
 
 
 def head_extras(target: LoadedModel, timestamps: bool = False) -> list[int]:
