@@ -27,7 +27,8 @@ in runs: a token that follows accepted ones is accepted more often than the firs
 borrows the rate of the one before it, not the overall rate, which the first positions dominate (with the overall
 rate, auto ≤ 10 ran γ 1–2 on the seven example articles where constant 10 ran 6 % faster).
 t_draft is one draft step, t_target(k) the target's pass over k tokens: a plain step for k = 1 (a one-row
-matrix product may take another kernel), a line fitted to the recent passes for k ≥ 2; t_verify one
+matrix product may take another kernel), for k ≥ 2 a line fitted to the recent passes, each taken as its length's
+running average (so one slow pass early on, before any clipping, does not tilt the line for long); t_verify one
 verification. Times are running averages that clip a sample more than 1.5× above the estimate (another
 process took the CPU). Whether to speculate at all is decided with Q half a standard error higher, and only
 where that beats plain steps by 2 %. While plain steps win, a speculative round is tried now and then (after 2
@@ -120,7 +121,7 @@ class _Line:
         self.w = self.wk = self.wkk = self.wt = self.wkt = 0.0
 
     def add(self, k: int, t: float) -> None:
-        if self.count >= 3:
+        if self.count >= 3 and self(k) > 0:  # a line below 0 there (extrapolated) bounds nothing
             t = min(t, self.clip * self(k))
         d = self.decay
         self.w, self.wk, self.wkk = d * self.w + 1, d * self.wk + k, d * self.wkk + k * k
@@ -210,7 +211,8 @@ class Auto:
         return self.accepts.rate
 
     def observe(self, r: Round) -> None:
-        self.seen.setdefault(r.gamma + 1, _Average()).add(r.target_s)
+        seen = self.seen.setdefault(r.gamma + 1, _Average())
+        seen.add(r.target_s)
         if r.gamma == 0:
             if r.asked:  # the draft was asked and had nothing (no n-gram matched): D(1) and Q(1) learn it
                 self.drafts.add(1, 0)
@@ -219,7 +221,8 @@ class Auto:
             return
         self.plain_run = 0
         self.rounds += 1
-        self.passes.add(r.gamma + 1, r.target_s)
+        self.passes.add(r.gamma + 1, seen.value)  # the length's own average: one slow pass among the first few
+        #                                           (a 2x one in the 74 s recording's third round) fits no slope
         if r.catch_up <= 2:
             self.draft_step.add(r.draft_s / r.gamma)
         else:  # after plain steps the draft's first step reads them all: more than a step, so a bound from above
