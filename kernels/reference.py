@@ -132,11 +132,11 @@ def verify_sigmoid_reference(draft_tokens: torch.Tensor, draft_logits: torch.Ten
     return _rule(draft_tokens, uniforms, target_logits.shape[-1], p_row, q_row)
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:
+def verify_greedy(draft_tokens: torch.Tensor, best: torch.Tensor) -> Verification:
     """Temperature 0, the limit of the rule: accept while the draft token is the target's argmax,
-    then emit the target's argmax. Shapes as above; ties go to the lowest token id (torch.argmax)."""
+    then emit the target's argmax. best: int64 [B, γ+1], the target's argmax at each slot (ties: the lowest
+    token id, as torch.argmax)."""
     gamma = draft_tokens.shape[1]
-    best = target_logits.argmax(dim=-1)  # [B, γ+1]
     matches = (draft_tokens == best[:, :gamma]).to(torch.int64)  # [B, γ]
     num_accepted = matches.cumprod(dim=1).sum(dim=1)  # [B] length of the agreeing prefix
     positions = torch.arange(gamma + 1, device=draft_tokens.device)  # [γ+1]

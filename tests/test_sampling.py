@@ -8,6 +8,7 @@ from scipy.stats import chisquare
 
 from specdec_cli.decoding.sampling import (
     SamplingParams,
+    greedy_tokens,
     probs_from_logits,
     process_logits,
     sample,
@@ -117,6 +118,20 @@ def test_sample_logits_greedy_and_processed():
     assert tokens.tolist() == [1] and probs is None
     tokens, probs = sample_logits(z, SamplingParams(temperature=0.7, top_k=1), torch.tensor([0.9]))
     assert tokens.tolist() == [1] and probs[0].tolist() == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_are_torch_argmax_ties_to_the_first(dtype):
+    """The greedy token (numpy's argmax on a CPU) is torch.argmax's: the first of equal maxima, −inf elsewhere, any
+    layout of the rows."""
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randint(-3, 4, (4, 3, 200), generator=g).float()).to(dtype)  # many ties
+    z[0, 0] = float("-inf")
+    z[0, 0, 150] = z[0, 0, 7] = 2.0
+    for logits in (z, z.transpose(0, 1), z[:, :, ::2]):
+        best = greedy_tokens(logits)
+        assert best.dtype == torch.int64 and torch.equal(best, logits.float().argmax(-1))
+    assert greedy_tokens(z)[0, 0] == 7
 
 
 def test_uniforms_in_open_closed_interval():

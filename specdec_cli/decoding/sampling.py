@@ -111,14 +111,17 @@ def uniforms(shape, generator: torch.Generator, device=None) -> torch.Tensor:
     return 1.0 - torch.rand(shape, generator=generator, device=device or generator.device)
 
 
-def greedy_logits(logits: torch.Tensor) -> torch.Tensor:
-    """logits [..., V] widened to fp32 for an argmax (exactly: the same order, the same first max; torch's CPU argmax
-    over bf16 took 5× as long: 4 × 151 936 logits 0.98 against 0.19 ms, AMD EPYC Zen 5), after checking that each
-    row's max is finite (a max shows NaN, +inf and an all-masked row: NonFiniteLogitsError)."""
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> int64 [...]: each row's argmax, the first of equal maxima (torch.argmax's), after checking
+    that each row's max is finite (a max shows NaN, +inf and an all-masked row: NonFiniteLogitsError). Widened to
+    fp32 first (exact); on a CPU numpy's argmax: torch's took 59 µs for 3 × 51 865 logits and 227 µs for 15 rows,
+    numpy's 8 and 36 (AMD EPYC Zen 5, 2 threads; bf16 was 5× slower still: 4 × 151 936 logits 0.98 ms)."""
     z = logits.float()
     if not bool(torch.isfinite(z.amax(dim=-1)).all()):
         raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
-    return z
+    if z.device.type != "cpu":
+        return z.argmax(dim=-1)
+    return torch.from_numpy(z.contiguous().numpy().argmax(-1).astype("int64", copy=False))
 
 
 def sample_logits(
@@ -126,7 +129,7 @@ def sample_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [B, V] -> (tokens int64 [B], probs float32 [B, V] they were drawn from, or None if greedy)."""
     if params.greedy:
-        return greedy_logits(logits).argmax(dim=-1), None
+        return greedy_tokens(logits), None
     assert u is not None, "sampling needs uniforms"
     probs = probs_from_logits(process_logits(logits, params))
     return sample(probs, u), probs

@@ -37,7 +37,7 @@ from typing import Protocol
 import torch
 
 from specdec_cli import options
-from specdec_cli.decoding.sampling import greedy_logits
+from specdec_cli.decoding.sampling import greedy_tokens
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import Verification, baseline, exact, reference, sigmoid
 
@@ -114,6 +114,6 @@ def verify(
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verification:
-    """Temperature 0, in every mode: accept while the draft token is the target's argmax (kernels/reference.py), over
-    logits checked and widened as greedy sampling's are (sampling.greedy_logits)."""
-    return reference.verify_greedy(draft_tokens, greedy_logits(target_logits))
+    """Temperature 0, in every mode: accept while the draft token is the target's argmax (kernels/reference.py), that
+    of greedy sampling (sampling.greedy_tokens)."""
+    return reference.verify_greedy(draft_tokens, greedy_tokens(target_logits))
