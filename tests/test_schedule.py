@@ -312,7 +312,8 @@ def test_one_slow_pass_early_on_does_not_tilt_the_line():
     """The 74 s recording, --target-int8, as measured (ms): a plain step 4.77, passes over 4 and 5 tokens 6.09 and
     6.39, then one over 5 tokens 11.93 (another process took the CPU; the line clips only from its fourth sample).
     Fitted to the raw samples, the line rose 3 ms a token and auto ran γ 1 for the rest of the recording (41 passes
-    where the others took 20); each length's running average keeps the first 5-token pass, so γ stays 4."""
+    where the others took 20); each length's running average keeps the first 5-token pass, so γ stays 4. Where the
+    first pass of a length is the slow one, it is taken at the per-token cost of a shorter pass."""
     schedule = Auto(10)
     full = [3, 3, 3]
     schedule.observe(Round(3, full, draft_s=6.72, target_s=6.09, verify_s=0.47, catch_up=1))
@@ -320,6 +321,11 @@ def test_one_slow_pass_early_on_does_not_tilt_the_line():
     schedule.observe(Round(4, [4, 4, 4], 10, draft_s=9.21, target_s=6.39, verify_s=0.59, catch_up=3))
     schedule.observe(Round(4, [4, 4, 4], 4, draft_s=8.57, target_s=11.93, verify_s=0.58, catch_up=2))
     assert schedule.pass_s(5) < 7.0 and schedule.next() >= 4
+    schedule = Auto(10)  # another run: the first 5-token pass was the slow one (11.56 ms, 2.1x): taken at 5/4 of the
+    schedule.observe(Round(3, full, draft_s=6.24, target_s=5.48, verify_s=0.40, catch_up=1))  # 4-token pass's
+    schedule.observe(Round(0, [0, 0, 0], target_s=4.30))
+    schedule.observe(Round(4, [4, 4, 4], 10, draft_s=8.49, target_s=11.56, verify_s=0.44, catch_up=3))
+    assert schedule.pass_s(5) <= 5.48 * 5 / 4
     line = _Line()  # the raw samples: the line falls below 0 at 2 tokens; 2-token passes are not clipped to that
     for k, t in [(4, 6.09), (5, 6.39), (5, 11.93), *[(2, 4.7)] * 5]:
         line.add(k, t)

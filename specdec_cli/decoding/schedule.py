@@ -28,7 +28,8 @@ borrows the rate of the one before it, not the overall rate, which the first pos
 rate, auto ≤ 10 ran γ 1–2 on the seven example articles where constant 10 ran 6 % faster).
 t_draft is one draft step, t_target(k) the target's pass over k tokens: a plain step for k = 1 (a one-row
 matrix product may take another kernel), for k ≥ 2 a line fitted to the recent passes, each taken as its length's
-running average (so one slow pass early on, before any clipping, does not tilt the line for long); t_verify one
+running average (so one slow pass early on, before any clipping, does not tilt the line for long; a length's first
+pass counts at most the per-token cost of a shorter one); t_verify one
 verification. Times are running averages that clip a sample more than 1.5× above the estimate (another
 process took the CPU). Whether to speculate at all is decided with Q half a standard error higher, and only
 where that beats plain steps by 2 %. While plain steps win, a speculative round is tried now and then (after 2
@@ -211,8 +212,13 @@ class Auto:
         return self.accepts.rate
 
     def observe(self, r: Round) -> None:
-        seen = self.seen.setdefault(r.gamma + 1, _Average())
-        seen.add(r.target_s)
+        k, t = r.gamma + 1, r.target_s
+        if k not in self.seen:  # a length's first pass, which its average keeps until a faster one: a token of it
+            # costs no more than one of a shorter pass did (they share the weights' reads), so one slowed by another
+            # process (2.7x, the 74 s recording's second round) is taken at that bound
+            t = min([t, *(a.value * k / j for j, a in self.seen.items() if j < k and a.value is not None)])
+        seen = self.seen.setdefault(k, _Average())
+        seen.add(t)
         if r.gamma == 0:
             if r.asked:  # the draft was asked and had nothing (no n-gram matched): D(1) and Q(1) learn it
                 self.drafts.add(1, 0)
