@@ -278,7 +278,7 @@ class TranscribeOptions(DecodeOptions):
     draft_stop: float = 0.8
     draft_quantized: bool = option(True, f"Give the self draft low-bit weights on a CPU (int4 layers and an int8 output "
                                    f"layer; with --target-int8 the target's own int8 rows) and cross-attention over "
-                                   f"pooled frames: {_DRAFT_CHEAPER}.")  # drafts/lean_whisper.py
+                                   f"pooled frames in int8: {_DRAFT_CHEAPER}.")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")
     task: str = option("transcribe", "transcribe | translate (into English; multilingual models only).", flag="--task")

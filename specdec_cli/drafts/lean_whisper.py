@@ -44,7 +44,9 @@ def weight_form(weights: str | None, embed: torch.Tensor) -> str | None:
 
 # Frames a quantized draft's cross-attention key and value stand for (their mean). The 74 s recording, four windows,
 # one process (AMD EPYC Zen 5, 2 threads): int8 draft 2 frames a key 1.06x the target alone's decoding, 1 frame 0.95x
-# (acceptance 0.97 / 0.96; the draft step 2.4 / 3.3 ms); with the int8 target 4 frames accepted 0.90, 8 frames none
+# (acceptance 0.97 / 0.96; the draft step 2.4 / 3.3 ms); with the int8 target 4 frames accepted 0.90, 8 frames none.
+# In int8 (pooled(); twenty-first session), int8 target: the draft step 2.77 -> 2.34 ms, one token a round agreeing
+# as often (0.986 / 0.980, 74 s / 297 s); 4 frames accepted 0.84-0.87 against 0.96 and decoded no faster
 FRAMES = 2
 
 
