@@ -97,7 +97,7 @@ class LeanDecoder(Decoder):
     Built once per loaded target; `window(kv, hook)` gives a copy for one window (weights shared, empty cache)."""
 
     def __init__(self, whisper, layers: Sequence[int], head_size: int | None, extra_ids: Sequence[int] = (), *,
-                 weights: str | None = "int8"):
+                 weights: str | None = None):
         from transformers.activations import ACT2FN
 
         super().__init__(whisper)
@@ -305,10 +305,11 @@ def refuse_timestamps(scores_timestamps: bool, batch: Batch) -> None:
 
 
 def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | None = None,
-               weights: str | None = "int8", timestamps: bool = False) -> LeanDraft:
+               weights: str | None = None, timestamps: bool = False) -> LeanDraft:
     """The self draft of `target` named by `draft_spec` (self, self:K, self:0-2,4: drafts/spec.py): a LeanDecoder
     over those decoder layers with an output layer over [0, head_size) ∪ head_extras (None, 0 or ≥ V: the whole
-    output layer), `weights` (int8, int4 (its layers; BITS) or None: the model's own) on a CPU."""
+    output layer), `weights` (int8, int4 (its layers; BITS) or None: the model's own) on a CPU. The CLI's choice of
+    weights is build()'s."""
     layers = spec.self_layers(draft_spec, len(decoder_layers(target)))
     if layers is None:
         raise ValueError(f"not a self draft: {draft_spec!r}")
