@@ -227,8 +227,9 @@ class Auto:
             return
         self.plain_run = 0
         self.rounds += 1
-        self.passes.add(r.gamma + 1, seen.value)  # the length's own average: one slow pass among the first few
-        #                                           (a 2x one in the 74 s recording's third round) fits no slope
+        # the length's own average (add() set it): one slow pass among the first few (a 2x one in the 74 s
+        # recording's third round) fits no slope
+        self.passes.add(k, t if seen.value is None else seen.value)
         if r.catch_up <= 2:
             self.draft_step.add(r.draft_s / r.gamma)
         else:  # after plain steps the draft's first step reads them all: more than a step, so a bound from above
