@@ -169,15 +169,15 @@ class LeanDecoder(Decoder):
         """A copy for one window: kv = every target layer's cross-attention (K, V), each [B, heads, S, head_dim]
         (cross_kv); hook = the logits hook. The weights are shared."""
         draft = copy.copy(self)
-        draft.kv = [(*kv[i], None, None) for i in self.layer_ids]
+        mine = [kv[i] for i in self.layer_ids]
         if self.weights is not None and rows_attention.KERNEL.module():
             # a quantized draft reads the frames' K/V in int8 (the rows kernel widens them), each key and value the
             # mean of FRAMES adjacent frames': a step's largest read (4 windows: 147 MB of fp32 K/V for Whisper base)
             # an eighth; the target keeps its own K/V, so the output is the target's as ever
-            draft.kv = []
-            for k, v in (kv[i] for i in self.layer_ids):
-                (k, ks), (v, vs) = pooled(k), pooled(v)
-                draft.kv.append((k, v, ks, vs.transpose(1, 2)))
+            low = [(pooled(k), pooled(v)) for k, v in mine]  # per layer ((K, its scale), (V, its scale))
+            draft.kv = [(k, v, ks, vs.transpose(1, 2)) for (k, ks), (v, vs) in low]
+        else:
+            draft.kv = [(k, v, None, None) for k, v in mine]
         draft.logits_hook = hook
         draft.reset()
         return draft
