@@ -7,10 +7,17 @@
 //   x += out(attend(LN1(x)·Wqkv, cache))        k, v written to the cache's slots start … start + T − 1 first
 //   x += cross_out(attend(LN2(x)·Wq · Ks, K, V) · Vs)    K, V int8 with per-channel scales Ks, Vs (or as they are)
 //   x += fc2(gelu(fc1(LN3(x))))
+//
+// Then the output layer (head()): z = LN(x)·Wᵀ with W in int4 (an estimate), each row's RESCORED largest z_n recomputed
+// from W's int8 rows, s_n · Σ_k w_nk · h_k summed in fp64 in k's order (lean_whisper.rescored, the Python twin: the same
+// candidates, each value within an fp32 rounding), written at their token ids in a row of −inf.
 
 #include <torch/extension.h>
 
+#include <cmath>
+#include <limits>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -31,6 +38,14 @@ struct Norm {
   double eps;
 };
 
+struct Head {  // LeanDecoder's output layer: the int4 estimate, the int8 rows candidates are rescored from
+  Norm norm;
+  Linear estimate;
+  torch::Tensor ints, scales;  // [N', d] int8, [N'] fp32
+  c10::optional<torch::Tensor> keep;  // [N'] int64: row n's token id (None: n)
+  int64_t vocab, rescored;
+};
+
 struct Layer {
   Norm norm1, norm2, norm3;
   Linear qkv, out, q, cross_out, fc1, fc2;
@@ -40,7 +55,9 @@ class Layers {
  public:
   // layers: per layer (norm1, qkv, out, norm2, q, cross_out, norm3, fc1, fc2), a norm as (weight, bias, eps), a
   // linear as (blocks, sums, scales, bias or None)
-  Layers(pybind11::list layers, int64_t heads, int64_t head_dim, pybind11::capsule mm, pybind11::capsule attend)
+  // head: (norm, estimate, ints, scales, keep or None, vocab, rescored), its parts as the layers' are
+  Layers(pybind11::list layers, pybind11::tuple head, int64_t heads, int64_t head_dim, pybind11::capsule mm,
+         pybind11::capsule attend)
       : heads_(heads), head_dim_(head_dim),
         mm_((Mm)PyCapsule_GetPointer(mm.ptr(), "specdec.int8_rows.mm")),
         attend_((Attend)PyCapsule_GetPointer(attend.ptr(), "specdec.rows_attention.attend")) {
@@ -55,6 +72,18 @@ class Layers {
       if (!t[3].is_none()) bias = t[3].cast<torch::Tensor>();
       return Linear{t[0].cast<torch::Tensor>(), t[1].cast<torch::Tensor>(), t[2].cast<torch::Tensor>(), bias};
     };
+    c10::optional<torch::Tensor> keep;
+    if (!head[4].is_none()) keep = head[4].cast<torch::Tensor>();
+    head_ = Head{norm(head[0]), linear(head[1]), head[2].cast<torch::Tensor>(), head[3].cast<torch::Tensor>(), keep,
+                 head[5].cast<int64_t>(), head[6].cast<int64_t>()};
+    const int64_t N = head_.scales.numel();
+    const int64_t* ids = keep ? keep->data_ptr<int64_t>() : nullptr;
+    for (int64_t n = 0; n < N; n++) {  // runs of consecutive ids
+      TORCH_CHECK(!ids || (ids[n] >= 0 && ids[n] < head_.vocab && (n == 0 || ids[n] > ids[n - 1])),
+                  "lean_layers: the output layer's token ids must increase within the vocabulary");
+      if (n > 0 && (ids ? ids[n] == ids[n - 1] + 1 : true)) runs_.back().second++;
+      else runs_.emplace_back(n, 1);
+    }
     for (auto h : layers) {
       auto t = h.cast<pybind11::tuple>();
       layers_.push_back(Layer{norm(t[0]), norm(t[3]), norm(t[6]), linear(t[1]), linear(t[2]), linear(t[4]),
@@ -91,12 +120,84 @@ class Layers {
     return x;
   }
 
+  // x [B, T, d] (the last layer's) -> logits [B, T, vocab] in x's dtype
+  torch::Tensor head(torch::Tensor x) {
+    const Head& p = head_;
+    const int64_t d = x.size(-1);
+    auto h = at::layer_norm(x, {d}, p.norm.weight, p.norm.bias, p.norm.eps).contiguous();  // [B, T, d]
+    auto z = linear(h, p.estimate).contiguous();  // [B, T, N']
+    auto out = at::empty({x.size(0), x.size(1), p.vocab}, z.options());
+    if (z.scalar_type() == at::kFloat) rescore<float>(h, z, out);
+    else {
+      TORCH_CHECK(z.scalar_type() == at::kBFloat16, "lean_layers: the draft's activations must be fp32 or bf16");
+      rescore<c10::BFloat16>(h, z, out);
+    }
+    return out;
+  }
+
  private:
+  // per row of z [R, N'] (h [R, d]): the RESCORED largest (the first of equal values), recomputed; out [R, vocab]
+  template <typename T>
+  void rescore(const torch::Tensor& h, const torch::Tensor& z, torch::Tensor& out) {
+    const Head& p = head_;
+    const int64_t N = z.size(-1), d = h.size(-1), R = z.numel() / N, V = p.vocab;
+    const int64_t k = std::min<int64_t>(p.rescored, N);
+    const T* zp = z.data_ptr<T>();
+    const T* hp = h.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    const int8_t* w = p.ints.data_ptr<int8_t>();
+    const float* s = p.scales.data_ptr<float>();
+    const int64_t* ids = p.keep ? p.keep->data_ptr<int64_t>() : nullptr;
+    const T minus_inf = T(-std::numeric_limits<float>::infinity());
+    constexpr int64_t C = 32;  // values a chunk: one test against the k-th largest so far, most chunks pass whole
+    at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+      std::vector<float> top(k);
+      std::vector<int64_t> at(k);
+      for (int64_t r = r0; r < r1; r++) {
+        const T* zr = zp + r * N;
+        T* o = op + r * V;
+        int64_t have = 0;  // top[0 … have) descending
+        for (int64_t c0 = 0; c0 < N; c0 += C) {
+          const int64_t c1 = std::min(N, c0 + C);
+          if (have == k && c1 - c0 == C) {
+            const float bar = top[k - 1];
+            bool above = false;
+            for (int64_t n = c0; n < c1; n++) above |= static_cast<float>(zr[n]) > bar;
+            if (!above) continue;
+          }
+          for (int64_t n = c0; n < c1; n++) {
+            const float v = static_cast<float>(zr[n]);
+            if (have == k && !(v > top[k - 1])) continue;
+            int64_t i = have < k ? have++ : k - 1;
+            for (; i > 0 && v > top[i - 1]; i--) top[i] = top[i - 1], at[i] = at[i - 1];
+            top[i] = v, at[i] = n;
+          }
+        }
+        int64_t next = 0;  // out's next id to write: runs of consecutive ids copied, the gaps −inf
+        for (const auto& [n0, len] : runs_) {
+          const int64_t id = ids ? ids[n0] : n0;
+          std::fill(o + next, o + id, minus_inf);
+          std::copy(zr + n0, zr + n0 + len, o + id);
+          next = id + len;
+        }
+        std::fill(o + next, o + V, minus_inf);
+        for (int64_t i = 0; i < have; i++) {
+          const int8_t* wn = w + at[i] * d;
+          double acc = 0;
+          for (int64_t j = 0; j < d; j++) acc += (double)wn[j] * (double)static_cast<float>(hp[r * d + j]);
+          o[ids ? ids[at[i]] : at[i]] = T((float)acc * s[at[i]]);
+        }
+      }
+    });
+  }
+
   torch::Tensor linear(const torch::Tensor& x, const Linear& l) { return mm_(x, l.blocks, l.sums, l.scales, l.bias, 0); }
 
   int64_t heads_, head_dim_;
   Mm mm_;
   Attend attend_;
+  Head head_;
+  std::vector<std::pair<int64_t, int64_t>> runs_;  // the output layer's rows as (first row, count): consecutive ids
   std::vector<Layer> layers_;
 };
 
@@ -104,6 +205,7 @@ class Layers {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Layers>(m, "Layers")
-      .def(pybind11::init<pybind11::list, int64_t, int64_t, pybind11::capsule, pybind11::capsule>())
-      .def("run", &Layers::run, "x after every layer (the self-attention cache written)");
+      .def(pybind11::init<pybind11::list, pybind11::tuple, int64_t, int64_t, pybind11::capsule, pybind11::capsule>())
+      .def("run", &Layers::run, "x after every layer (the self-attention cache written)")
+      .def("head", &Layers::head, "the logits of the last layer's x");
 }

@@ -405,7 +405,7 @@ def transcribe(
     """Transcribe speech with a Whisper target and a speculative draft.
 
     The default is Whisper base, drafting with its own decoder weights in
-    int4 and a reduced int8 output layer. Audio longer than 30 s is transcribed
+    int4 and a reduced int4 output layer. Audio longer than 30 s is transcribed
     window by window, cut in pauses. The transcript goes to stdout (or a
     file per input with --output-dir), the decoding stats to stderr.
 

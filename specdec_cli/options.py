@@ -276,8 +276,9 @@ class TranscribeOptions(DecodeOptions):
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
     draft_stop: float = 0.8
-    draft_quantized: bool = option(True, f"Give the self draft low-bit weights on a CPU (int4 layers and an int8 output "
-                                   f"layer; with --target-int8 the target's own int8 rows) and cross-attention over "
+    draft_quantized: bool = option(True, f"Give the self draft low-bit weights on a CPU (int4 layers and an int4 output "
+                                   f"layer whose top tokens are rescored in int8; with --target-int8 the target's own "
+                                   f"int8 rows) and cross-attention over "
                                    f"pooled frames in int8: {_DRAFT_CHEAPER}.")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")

@@ -161,18 +161,19 @@ def test_lean_draft_output_layer_subset_and_low_bits(tiny, tiny_dir, monkeypatch
     assert_same_up_to_rounding(a[..., kept], b[..., kept], whisper_decoder_sums(tiny.model.config, keys=4))
     assert torch.isinf(a[..., ~kept]).all()
 
-    # int8 or int4 layers (the default on a CPU: int4, with the int8 target int8; fp32 or bf16 activations) and an int8
-    # output layer, and the draft stays close to the target (a draft's error costs acceptance, never exactness); the
-    # frames' K/V first as they are (FRAMES = 1), then pooled by two: these random frames are unlike neighbours, so
-    # pooling moves them far more than a recording's, yet a wrong layout would move them further (> 1). int4 steps are
-    # 127 / 7 ≈ 18× int8's: frames as they are, int8 moves these logits ~0.03–0.04, so int4 ~0.5–0.7
+    # int8 or int4 layers (the default on a CPU: int4, with the int8 target int8; fp32 or bf16 activations) and an int4
+    # output layer rescored from int8, and the draft stays close to the target (a draft's error costs acceptance, never
+    # exactness); the frames' K/V first as they are (FRAMES = 1), then pooled by two: these random frames are unlike
+    # neighbours, so pooling moves them far more than a recording's, yet a wrong layout would move them further (> 1).
+    # int4 steps are 127 / 7 ≈ 18× int8's: frames as they are, int8 layers and an int8 output layer moved these logits
+    # ~0.03–0.04, the int4 output layer ~0.1; int4 layers ~0.4
     half = load_whisper(str(tiny_dir), dtype="bfloat16", device="cpu", progress=False)
     for frames, bound in ((1, 0.35 if weights == "int8" else 0.7), (2, 0.8 if weights == "int8" else 0.9)):
         monkeypatch.setattr(lean_whisper, "FRAMES", frames)
         for model, dtype in ((tiny, torch.float32), (half, torch.bfloat16)):
             low, _ = _decoder_pair(model, "self", dtype, head_size=100, weights=weights)
             assert low.weights == weights and all(p["fc1"][1].bits == lean_whisper.BITS[weights] for p in low.layers)
-            assert low.head[1].bits == 8 and low.kv[0][0].shape[2] == 1500 // frames
+            assert low.head[1].bits == 4 and low.rescore[0].dtype == torch.int8 and low.kv[0][0].shape[2] == 1500 // frames
             with torch.inference_mode():
                 z = low.forward(tokens, None, positions)[..., kept].float()
             assert float((z - b[..., kept]).norm() / b[..., kept].norm()) < bound, (frames, dtype)
@@ -198,11 +199,41 @@ def test_lean_draft_layers_in_cpp_give_the_python_loops_bits(tiny, tiny_dir, dty
     plain.fused["layers"] = None  # the Python loop
 
     def same(a, b, end):
-        assert torch.equal(a, b), end
+        # the output layer's rescored values: fp64 sums of the same exact products in another order (< 512 · 2⁻⁵³ of
+        # Σ|terms| ≲ 100 apart: < 1e-9), each rounded to fp32 (an ulp apart at most), times s, then x's dtype
+        torch.testing.assert_close(a, b, rtol=2 * torch.finfo(dtype).eps, atol=1e-9, msg=f"slot {end}")
+        rescored = a.float().topk(lean_whisper.RESCORED, -1).indices
+        assert torch.equal(a.float().scatter(-1, rescored, 0.0), b.float().scatter(-1, rescored, 0.0)), end
         assert torch.equal(fused.keys[:, :, :, :end], plain.keys[:, :, :, :end])
         assert torch.equal(fused.values[:, :, :, :end], plain.values[:, :, :, :end])
 
     _replay(fused, plain, same)
+
+
+@pytest.mark.parametrize("head_size", [100, None])
+def test_lean_draft_output_layer_rescores_its_largest_estimates(tiny, head_size):
+    """rescored(): each row's RESCORED largest int4 estimates (the first of equal values first) recomputed from the
+    int8 rows in fp64, the rest as they were; lean_layers' head gives the Python twin's logits, subset or whole."""
+    z = torch.randn(2, 3, 40)
+    z[0, 0, 10:20] = 5.0  # ten equal largest: the first eight are rescored
+    h, ints, scales = torch.randn(2, 3, 16), torch.randint(-127, 128, (40, 16), dtype=torch.int8), torch.rand(40)
+    out = lean_whisper.rescored(z, h, ints, scales)
+    exact = ((ints.double() @ h.double()[..., None])[..., 0].float() * scales)  # [2, 3, 40]
+    for b in range(2):
+        for t in range(3):
+            top = [10 + i for i in range(8)] if (b, t) == (0, 0) else z[b, t].topk(8).indices.tolist()
+            mine = torch.zeros(40, dtype=torch.bool)
+            mine[top] = True
+            assert torch.allclose(out[b, t, mine], exact[b, t, mine], rtol=2 ** -22, atol=1e-9)
+            assert torch.equal(out[b, t, ~mine], z[b, t, ~mine])
+
+    draft, _ = _decoder_pair(tiny, "self", head_size=head_size, weights="int8")
+    assert draft._fused() is not None, lean_layers.KERNEL.error
+    hidden = torch.randn(2, 3, tiny.model.config.d_model)
+    with torch.inference_mode():
+        fused = draft._logits(hidden)
+        draft.fused["layers"] = None  # the Python twin
+        torch.testing.assert_close(fused, draft._logits(hidden), rtol=2 * torch.finfo(torch.float32).eps, atol=1e-9)
 
 
 def _steps_and_passes(whisper, encoded, kv, vocab):

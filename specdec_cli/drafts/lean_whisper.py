@@ -7,10 +7,11 @@ LeanDecoder keeps the target's decoder layers (all, or those `self:K` / `self:0-
 output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids when the task decodes them
 (−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
 compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int4 layers and an
-int8 output layer (kernels/int8_rows: a step reads ~0.36 of bf16's bytes; for an int8 target, --target-int8, int8
-layers, its own rows, so they compute what the target's compute) and cross-attention over int8 keys and values that
-each stand for FRAMES frames (pooled); with quantized weights the layers' loop runs in one C++ call (kernels/lean_layers: the same
-bits). Why every layer and not fewer: measured, see options.TranscribeOptions.
+int4 output layer whose RESCORED largest logits are recomputed from int8 rows (rescored; kernels/int8_rows: a step
+reads ~0.3 of bf16's bytes; for an int8 target, --target-int8, int8 layers, its own rows, so they compute what the
+target's compute) and cross-attention over int8 keys and values that each stand for FRAMES frames (pooled); with
+quantized weights the layers' loop and the output layer run in one C++ call each (kernels/lean_layers: the same bits,
+rescored values within an fp32 rounding). Why every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from specdec_cli.models import LoadedModel
 from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
 
-# The draft's weight forms on a CPU (kernels/int8_rows), as the bits of its layers' weights; the output layer stays
-# int8 in both: one token a round, the 74 s and 297 s recordings, Whisper base's bf16 target, its draft's token was
+# The draft's weight forms on a CPU (kernels/int8_rows), as the bits of its layers' weights; the output layer is int4
+# rescored from int8 (RESCORED) in both. Its int8 before: one token a round, the 74 s and 297 s recordings, Whisper base's bf16 target, its draft's token was
 # the target's 0.978 / 0.978 of the time with int8 layers, as often with int4 layers, 0.936 / 0.936 with an int4 output
 # layer too (benchmarks/README.md, twentieth session)
 BITS = {"int8": 8, "int4": 4}
@@ -72,6 +73,23 @@ def cross_attention(q: torch.Tensor, kv: tuple, attend) -> torch.Tensor:
     return (attend(q * ks, k, v) * vs).to(q.dtype)  # Σ_d q_d·(s_d·k_jd) and Σ_j p_j·(s_d·v_jd): the scales outside
 
 
+# Output-layer rows a quantized draft recomputes from int8 weights a token: its int4 estimate's largest. Whisper base,
+# the 74 s recording, int8 target: the argmax of the 1 / 2 / 4 / 8 rescored was the int8 layer's 0.969 / 0.996 / 1.000
+# / 1.000 of the time (bf16 target 0.971 / 0.996 / 0.992 / 0.992: the int8 kernel rounds h, rescored() does not); a
+# draft step reads 8.4 MB of int4 instead of 16.8 MB of int8 (twenty-second session)
+RESCORED = 8
+
+
+def rescored(z: torch.Tensor, h: torch.Tensor, ints: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """z [..., N'] estimated logits of h [..., d] -> z with each row's RESCORED largest (the first of equal values)
+    recomputed from int8 rows ints [N', d], scales [N']: s_n · Σ_k w_nk · h_k, summed in fp64, then fp32, in z's dtype."""
+    k = min(RESCORED, z.shape[-1])
+    order = torch.sort(z.float(), dim=-1, descending=True, stable=True).indices  # the first of equal values first
+    idx = order[..., :k]  # [..., k]
+    dot = (ints[idx].double() * h.double()[..., None, :]).sum(-1)  # [..., k]
+    return z.scatter(-1, idx, (dot.float() * scales[idx]).to(z.dtype))
+
+
 def _linear(x: torch.Tensor, lin: tuple) -> torch.Tensor:
     """x [..., in] → [..., out] through LeanDecoder's lin = (weight or None, int8_rows.Packed or None, bias)."""
     if lin[1] is not None:
@@ -85,7 +103,7 @@ class LeanDecoder(Decoder):
     allows), run by a hand-written decoding step in plain torch ops instead of transformers' modules: q, k, v
     in one matrix with the query scale folded in, a preallocated self-attention cache, the window's
     cross-attention K/V (cross_kv; int8, pooled(), where quantized) and, on a CPU, `weights` int8 or int4 (its layers; the
-    output layer int8 in both; None: the model's own; options.TranscribeOptions).
+    output layer int4 rescored from int8 rows in both; None: the model's own; options.TranscribeOptions).
 
     What it computes, as transformers' WhisperDecoder does (pre-norm; every projection has a bias but k's):
         x = embed[token] + pos[position]
@@ -143,14 +161,16 @@ class LeanDecoder(Decoder):
         self.vocab = weight.shape[0]
         if head_size is None or not 1 <= head_size < self.vocab:
             self.keep = None  # the whole output layer
-            self.head = lin(weight, bits=8)
         else:
             extra = sorted({int(i) for i in extra_ids if head_size <= int(i) < self.vocab})
             rows = head_size + len(extra)
             pad = min(-rows % 16, self.vocab - rows)  # rows by 16, the int8 kernel's blocks: the next ids fill them
             ids = sorted(set(range(head_size + pad)) | set(extra))
             self.keep = torch.tensor(ids, dtype=torch.long, device=weight.device)  # [N']
-            self.head = lin(weight.index_select(0, self.keep), bits=8)  # [N', d]
+            weight = weight.index_select(0, self.keep)  # [N', d]
+        # quantized: an int4 estimate, its RESCORED largest recomputed from int8 rows (rescored()); else as it is
+        self.head = lin(weight, bits=4)
+        self.rescore = None if self.weights is None else int8_rows.quantize(weight.detach())  # [N', d] int8, [N']
         self.kv: list[tuple] = []  # per layer (K, V, K's scale or None, V's scale or None): cross_attention's
         self.keys = self.values = None
         self.fused: dict = {}  # "layers": the C++ loop over quantized layers (lean_layers) or None; shared by windows
@@ -158,7 +178,8 @@ class LeanDecoder(Decoder):
     @property
     def description(self) -> str:
         head = "full output layer" if self.keep is None else f"output layer over {self.head_rows} of {self.vocab} tokens"
-        form = {"int8": ", int8", "int4": ", int4 layers, int8 output layer"}.get(self.weights or "", "")
+        low = f", int4 output layer, its top {RESCORED} from int8"
+        form = {"int8": ", int8 layers" + low, "int4": ", int4 layers" + low}.get(self.weights or "", "")
         return f"layers {list(self.layer_ids)}, {head}{form}"
 
     @property
@@ -228,7 +249,8 @@ class LeanDecoder(Decoder):
         """lean_layers' runner over these layers where every linear is int8_rows' (a CPU), else None."""
         if "layers" not in self.fused:
             quantized = self.weights is not None
-            self.fused["layers"] = lean_layers.runner(self.layers, self.heads, self.head_dim) if quantized else None
+            head = (self.final_norm, self.head, self.rescore, self.keep, self.vocab, RESCORED)
+            self.fused["layers"] = lean_layers.runner(self.layers, head, self.heads, self.head_dim) if quantized else None
         return self.fused["layers"]
 
     def _attend(self, q, k, v, holes, causal: bool) -> torch.Tensor:
@@ -253,9 +275,17 @@ class LeanDecoder(Decoder):
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
         hidden = self._layers(tokens, mask, positions)
-        if keep:
-            hidden = hidden[:, -keep:]
-        z = _linear(nn.functional.layer_norm(hidden, hidden.shape[-1:], *self.final_norm), self.head)  # [B, T', N']
+        return self._logits(hidden[:, -keep:] if keep else hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last layer's hidden [B, T, d] -> logits [B, T, V]."""
+        fused = self._fused()
+        if fused is not None:  # the lines below in C++: the same candidates, values within an fp32 rounding
+            return fused.head(hidden)
+        h = nn.functional.layer_norm(hidden, hidden.shape[-1:], *self.final_norm)
+        z = _linear(h, self.head)  # [B, T', N']
+        if self.rescore is not None:
+            z = rescored(z, h, *self.rescore)
         if self.keep is None:
             return z
         logits = z.new_full((*z.shape[:-1], self.vocab), -math.inf)  # [B, T', V]
@@ -318,8 +348,8 @@ def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | N
 
 
 def build(draft_spec: str, target: LoadedModel, opts: TranscribeOptions, progress: bool = True) -> LeanDraft:
-    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4 layers
-    and an int8 output layer, or with --target-int8 the target's own int8 rows. Measured (AMD EPYC Zen 5, 2 threads,
+    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4 layers,
+    or with --target-int8 the target's own int8 rows (the output layer int4, rescored, in both). Measured (AMD EPYC Zen 5, 2 threads,
     one process, interleaved, medians of 6; benchmarks/README.md, twentieth session): on the bf16 target int4 layers
     decoded the 74 s / 297 s recordings 1.34x / 1.26x faster than the target alone where int8 ones did 1.21x / 1.16x
     (agreement alike, the draft step 2.24 against 2.50 ms); on the int8 target they agreed less (0.971 against its
