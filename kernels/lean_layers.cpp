@@ -10,7 +10,7 @@
 //
 // Then the output layer (head()): z = LN(x)·Wᵀ with W in int4 (an estimate), each row's RESCORED largest z_n recomputed
 // from W's int8 rows, s_n · Σ_k w_nk · h_k summed in fp64 in k's order (lean_whisper.rescored, the Python twin: the same
-// candidates, each value within an fp32 rounding), written at their token ids in a row of −inf.
+// candidates, each value within an fp32 rounding), written at their token ids in an fp32 row of −inf.
 
 #include <torch/extension.h>
 
@@ -120,13 +120,13 @@ class Layers {
     return x;
   }
 
-  // x [B, T, d] (the last layer's) -> logits [B, T, vocab] in x's dtype
+  // x [B, T, d] (the last layer's) -> logits [B, T, vocab] fp32
   torch::Tensor head(torch::Tensor x) {
     const Head& p = head_;
     const int64_t d = x.size(-1);
     auto h = at::layer_norm(x, {d}, p.norm.weight, p.norm.bias, p.norm.eps).contiguous();  // [B, T, d]
     auto z = linear(h, p.estimate).contiguous();  // [B, T, N']
-    auto out = at::empty({x.size(0), x.size(1), p.vocab}, z.options());
+    auto out = at::empty({x.size(0), x.size(1), p.vocab}, z.options().dtype(at::kFloat));
     if (z.scalar_type() == at::kFloat) rescore<float>(h, z, out);
     else {
       TORCH_CHECK(z.scalar_type() == at::kBFloat16, "lean_layers: the draft's activations must be fp32 or bf16");
@@ -136,7 +136,7 @@ class Layers {
   }
 
  private:
-  // per row of z [R, N'] (h [R, d]): the RESCORED largest (the first of equal values), recomputed; out [R, vocab]
+  // per row of z [R, N'] (h [R, d]): the RESCORED largest (the first of equal values), recomputed; out [R, vocab] fp32
   template <typename T>
   void rescore(const torch::Tensor& h, const torch::Tensor& z, torch::Tensor& out) {
     const Head& p = head_;
@@ -144,18 +144,18 @@ class Layers {
     const int64_t k = std::min<int64_t>(p.rescored, N);
     const T* zp = z.data_ptr<T>();
     const T* hp = h.data_ptr<T>();
-    T* op = out.data_ptr<T>();
+    float* op = out.data_ptr<float>();
     const int8_t* w = p.ints.data_ptr<int8_t>();
     const float* s = p.scales.data_ptr<float>();
     const int64_t* ids = p.keep ? p.keep->data_ptr<int64_t>() : nullptr;
-    const T minus_inf = T(-std::numeric_limits<float>::infinity());
+    const float minus_inf = -std::numeric_limits<float>::infinity();
     constexpr int64_t C = 32;  // values a chunk: one test against the k-th largest so far, most chunks pass whole
     at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
       std::vector<float> top(k);
       std::vector<int64_t> at(k);
       for (int64_t r = r0; r < r1; r++) {
         const T* zr = zp + r * N;
-        T* o = op + r * V;
+        float* o = op + r * V;
         int64_t have = 0;  // top[0 … have) descending
         for (int64_t c0 = 0; c0 < N; c0 += C) {
           const int64_t c1 = std::min(N, c0 + C);
@@ -177,7 +177,7 @@ class Layers {
         for (const auto& [n0, len] : runs_) {
           const int64_t id = ids ? ids[n0] : n0;
           std::fill(o + next, o + id, minus_inf);
-          std::copy(zr + n0, zr + n0 + len, o + id);
+          for (int64_t n = 0; n < len; n++) o[id + n] = static_cast<float>(zr[n0 + n]);
           next = id + len;
         }
         std::fill(o + next, o + V, minus_inf);
@@ -185,7 +185,7 @@ class Layers {
           const int8_t* wn = w + at[i] * d;
           double acc = 0;
           for (int64_t j = 0; j < d; j++) acc += (double)wn[j] * (double)static_cast<float>(hp[r * d + j]);
-          o[ids ? ids[at[i]] : at[i]] = T((float)acc * s[at[i]]);
+          o[ids ? ids[at[i]] : at[i]] = (float)acc * s[at[i]];
         }
       }
     });

@@ -200,8 +200,9 @@ def test_lean_draft_layers_in_cpp_give_the_python_loops_bits(tiny, tiny_dir, dty
 
     def same(a, b, end):
         # the output layer's rescored values: fp64 sums of the same exact products in another order (< 512 · 2⁻⁵³ of
-        # Σ|terms| ≲ 100 apart: < 1e-9), each rounded to fp32 (an ulp apart at most), times s, then x's dtype
-        torch.testing.assert_close(a, b, rtol=2 * torch.finfo(dtype).eps, atol=1e-9, msg=f"slot {end}")
+        # Σ|terms| ≲ 100 apart: < 1e-9), each rounded to fp32 (an ulp apart at most), times s in fp32
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2 * torch.finfo(torch.float32).eps, atol=1e-9, msg=f"slot {end}")
         rescored = a.float().topk(lean_whisper.RESCORED, -1).indices
         assert torch.equal(a.float().scatter(-1, rescored, 0.0), b.float().scatter(-1, rescored, 0.0)), end
         assert torch.equal(fused.keys[:, :, :, :end], plain.keys[:, :, :, :end])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specdec_cli import options
@@ -117,11 +118,14 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     fp32 first (exact); on a CPU numpy's argmax: torch's took 59 µs for 3 × 51 865 logits and 227 µs for 15 rows,
     numpy's 8 and 36 (AMD EPYC Zen 5, 2 threads; bf16 was 5× slower still: 4 × 151 936 logits 0.98 ms)."""
     z = logits.float()
-    if not bool(torch.isfinite(z.amax(dim=-1)).all()):
-        raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
     if z.device.type != "cpu":
+        if not bool(torch.isfinite(z.amax(dim=-1)).all()):
+            raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
         return z.argmax(dim=-1)
-    return torch.from_numpy(z.contiguous().numpy().argmax(-1).astype("int64", copy=False))
+    a = z.contiguous().numpy()
+    if not np.isfinite(a.max(-1)).all():  # numpy's max, as its argmax, 3-4x faster than torch's on a few rows
+        raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
+    return torch.from_numpy(a.argmax(-1).astype("int64", copy=False))
 
 
 def sample_logits(

@@ -82,12 +82,12 @@ RESCORED = 8
 
 def rescored(z: torch.Tensor, h: torch.Tensor, ints: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """z [..., N'] estimated logits of h [..., d] -> z with each row's RESCORED largest (the first of equal values)
-    recomputed from int8 rows ints [N', d], scales [N']: s_n · Σ_k w_nk · h_k, summed in fp64, then fp32, in z's dtype."""
+    recomputed from int8 rows ints [N', d], scales [N']: s_n · Σ_k w_nk · h_k, summed in fp64, then fp32 -> fp32 [..., N']."""
     k = min(RESCORED, z.shape[-1])
     order = torch.sort(z.float(), dim=-1, descending=True, stable=True).indices  # the first of equal values first
     idx = order[..., :k]  # [..., k]
     dot = (ints[idx].double() * h.double()[..., None, :]).sum(-1)  # [..., k]
-    return z.scatter(-1, idx, (dot.float() * scales[idx]).to(z.dtype))
+    return z.float().scatter(-1, idx, dot.float() * scales[idx])
 
 
 def _linear(x: torch.Tensor, lin: tuple) -> torch.Tensor:
@@ -278,7 +278,7 @@ class LeanDecoder(Decoder):
         return self._logits(hidden[:, -keep:] if keep else hidden)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The last layer's hidden [B, T, d] -> logits [B, T, V]."""
+        """The last layer's hidden [B, T, d] -> logits [B, T, V] (fp32 where quantized: rescored()'s)."""
         fused = self._fused()
         if fused is not None:  # the lines below in C++: the same candidates, values within an fp32 rounding
             return fused.head(hidden)
