@@ -15,7 +15,7 @@ from specdec_cli.decoding.sampling import (
     sample_logits,
     uniforms,
 )
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import NonFiniteLogitsError, SpecdecError
 
 NEG = -math.inf
 
@@ -132,6 +132,15 @@ def test_greedy_tokens_are_torch_argmax_ties_to_the_first(dtype):
         best = greedy_tokens(logits)
         assert best.dtype == torch.int64 and torch.equal(best, logits.float().argmax(-1))
     assert greedy_tokens(z)[0, 0] == 7
+    for poison in (float("nan"), float("inf"), "all-masked"):  # in one row of many, before or after its max
+        for at in (3, 190):
+            bad = z.float().clone()
+            if poison == "all-masked":
+                bad[2, 1] = float("-inf")
+            else:
+                bad[2, 1, at] = poison
+            with pytest.raises(NonFiniteLogitsError):
+                greedy_tokens(bad)
 
 
 def test_uniforms_in_open_closed_interval():
