@@ -122,11 +122,11 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
         if not bool(torch.isfinite(z.amax(dim=-1)).all()):
             raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
         return z.argmax(dim=-1)
-    a = z.contiguous().numpy()
+    a = z.contiguous().numpy().reshape(-1, z.shape[-1])  # [R, V]
     best = a.argmax(-1)  # numpy's argmax gives a row's first NaN where it has one, so its value is the row's max
-    if not np.isfinite(np.take_along_axis(a, best[..., None], -1)).all():
+    if not np.isfinite(a[np.arange(len(best)), best]).all():
         raise NonFiniteLogitsError("logits contain NaN or +inf, or a row is all -inf")
-    return torch.from_numpy(best.astype("int64", copy=False))
+    return torch.from_numpy(best.astype("int64", copy=False)).reshape(z.shape[:-1])
 
 
 def sample_logits(
