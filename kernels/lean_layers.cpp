@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -26,7 +27,7 @@ using Mm = torch::Tensor (*)(torch::Tensor, torch::Tensor, torch::Tensor, torch:
                              int64_t);
 using CrossKV = std::tuple<torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>>;
 using Attend = torch::Tensor (*)(torch::Tensor, torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>, double,
-                                 bool);
+                                 bool, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>);
 
 struct Linear {  // int8_rows.Packed and its bias
   torch::Tensor blocks, sums, scales;
@@ -102,17 +103,17 @@ class Layers {
     for (size_t i = 0; i < layers_.size(); i++) {
       const Layer& p = layers_[i];
       auto h = at::layer_norm(x, {d}, p.norm1.weight, p.norm1.bias, p.norm1.eps);
-      auto qkv = linear(h, p.qkv).view({B, T, 3, heads_, head_dim_}).permute({2, 0, 3, 1, 4});
+      auto qkv = linear(h, p.qkv).view({B, T, 3, heads_, head_dim_});
+      store(qkv, keys, values, i, start);
+      qkv = qkv.permute({2, 0, 3, 1, 4});  // [3, B, heads, T, head_dim]
       auto k_i = keys.select(0, i), v_i = values.select(0, i);  // [B, heads, slots, head_dim]
-      k_i.narrow(2, start, T).copy_(qkv.select(0, 1));
-      v_i.narrow(2, start, T).copy_(qkv.select(0, 2));
-      auto a = attend_(qkv.select(0, 0), k_i.narrow(2, 0, end), v_i.narrow(2, 0, end), holes, 1.0, true);
+      auto a = attend_(qkv.select(0, 0), k_i.narrow(2, 0, end), v_i.narrow(2, 0, end), holes, 1.0, true, c10::nullopt,
+                       c10::nullopt);
       x = x + linear(a.reshape({B, T, d}), p.out);
       h = at::layer_norm(x, {d}, p.norm2.weight, p.norm2.bias, p.norm2.eps);
       auto q = linear(h, p.q).view({B, T, heads_, head_dim_}).transpose(1, 2);
       const auto& [K, V, ks, vs] = cross[i];
-      if (ks) a = (attend_(q * *ks, K, V, c10::nullopt, 1.0, false) * *vs).to(q.scalar_type());
-      else a = attend_(q, K, V, c10::nullopt, 1.0, false);
+      a = attend_(q, K, V, c10::nullopt, 1.0, false, ks, vs);  // the scales' multiplications inside
       x = x + linear(a.reshape({B, T, d}), p.cross_out);
       h = at::layer_norm(x, {d}, p.norm3.weight, p.norm3.bias, p.norm3.eps);
       x = x + linear(at::gelu(linear(h, p.fc1)), p.fc2);
@@ -189,6 +190,30 @@ class Layers {
         }
       }
     });
+  }
+
+  // k and v of qkv [B, T, 3, heads, head_dim] into layer i's cache slots start … start + T − 1 (keys, values [layers,
+  // B, heads, slots, head_dim]): plain copies where the cache is contiguous and of qkv's dtype, else torch's
+  static void store(const torch::Tensor& qkv, torch::Tensor& keys, torch::Tensor& values, int64_t i, int64_t start) {
+    const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(3), D = qkv.size(4), slots = keys.size(3);
+    for (const auto* c : {&keys, &values})
+      TORCH_CHECK(c->dim() == 5 && c->size(1) == B && c->size(2) == H && c->size(3) == slots && c->size(4) == D &&
+                  start >= 0 && start + T <= slots, "lean_layers: the cache must be [layers, B, heads, slots, head_dim]");
+    if (!(qkv.is_contiguous() && keys.is_contiguous() && values.is_contiguous() &&
+          keys.scalar_type() == qkv.scalar_type() && values.scalar_type() == qkv.scalar_type())) {
+      keys.select(0, i).narrow(2, start, T).copy_(qkv.select(2, 1).permute({0, 2, 1, 3}));
+      values.select(0, i).narrow(2, start, T).copy_(qkv.select(2, 2).permute({0, 2, 1, 3}));
+      return;
+    }
+    const int64_t size = qkv.element_size();
+    const char* src = (const char*)qkv.data_ptr();
+    char* dst[2] = {(char*)keys.data_ptr(), (char*)values.data_ptr()};
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t t = 0; t < T; t++)
+        for (int c = 0; c < 2; c++)
+          for (int64_t h = 0; h < H; h++)
+            std::memcpy(dst[c] + ((((i * B + b) * H + h) * slots + start + t) * D) * size,
+                        src + ((((b * T + t) * 3 + 1 + c) * H + h) * D) * size, D * size);
   }
 
   torch::Tensor linear(const torch::Tensor& x, const Linear& l) { return mm_(x, l.blocks, l.sums, l.scales, l.bias, 0); }

@@ -15,7 +15,9 @@
 //               shown
 //
 // q, K and V are read in their own dtype (fp32 or bf16; K and V also int8: a caller's per-channel scales folded into q
-// and the output), widened exactly. GQA: head h reads KV head h / (H / KVH).
+// and the output), widened exactly. Given those scales (qscale, oscale [B, H, D] fp32), q_d is widen(q_d) · qscale_d
+// and out_d is o_d · oscale_d, each one fp32 multiplication, then q's dtype: torch's (q * qscale) then
+// (attend(·) * oscale).to(q.dtype), in one call. GQA: head h reads KV head h / (H / KVH).
 // The work: groups of (the heads of one KV head) × (a block of rows), spread over threads, each computed by one
 // thread; a group's members share the loads of K and V (and, with AVX-512, the reductions of 16 keys' dots),
 // never an operation of their arithmetic.
@@ -164,6 +166,7 @@ struct Args {
   bool causal;
   const void *q, *k, *v, *mask;  // mask: nullptr, bool or float
   bool mask_bool;
+  const float *qscale, *oscale;  // [B, H, D] contiguous, or nullptr
   int64_t qs[3], ks[3], vs[3], ms[4];  // strides (elements): q [B, H, T], k/v [B, KVH, S], mask [B, H, T, S]
   void* out;                           // [B, T, H, D] contiguous, q's dtype
 };
@@ -385,7 +388,8 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
   for (int64_t m = 0; m < M; m++) {
     const int64_t h = h0 + m / nr, r = r0 + m % nr;
     const TQ* q = (const TQ*)a.q + b * a.qs[0] + h * a.qs[1] + r * a.qs[2];
-    for (int64_t d = 0; d < D; d++) qf[m * D + d] = widen(q[d]);
+    const float* qs = a.qscale ? a.qscale + (b * a.H + h) * D : nullptr;
+    for (int64_t d = 0; d < D; d++) qf[m * D + d] = qs ? widen(q[d]) * qs[d] : widen(q[d]);
     end[m] = a.causal ? S - (a.T - 1 - r) : S;
     jend = std::max(jend, end[m]);
   }
@@ -439,7 +443,8 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
   for (int64_t m = 0; m < M; m++) {
     const int64_t h = h0 + m / nr, r = r0 + m % nr;
     TQ* out = (TQ*)a.out + ((b * a.T + r) * a.H + h) * D;
-    for (int64_t d = 0; d < D; d++) out[d] = (TQ)o[m * D + d];
+    const float* os = a.oscale ? a.oscale + (b * a.H + h) * D : nullptr;
+    for (int64_t d = 0; d < D; d++) out[d] = (TQ)(os ? o[m * D + d] * os[d] : o[m * D + d]);
   }
 }
 
@@ -465,9 +470,11 @@ void run(const Args& a) {
 }
 
 // q [B, H, T, D]; k, v [B, KVH, S, D] (each with its last dim contiguous; fp32 or bf16, k and v alike, or int8);
-// mask [B, 1 | H, 1 | T, S] bool or fp32, or none; -> out [B, T, H, D] in q's dtype.
+// mask [B, 1 | H, 1 | T, S] bool or fp32, or none; qscale, oscale: B · H · D fp32 each ([B, H, 1, D] or [B, 1, H, D]
+// in (b, h, d) order) or none; -> out [B, T, H, D] in q's dtype.
 torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
-                     double scale, bool causal) {
+                     double scale, bool causal, c10::optional<torch::Tensor> qscale,
+                     c10::optional<torch::Tensor> oscale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "rows_attention: q, k, v must be 4-d");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KVH = k.size(1), S = k.size(2);
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == KVH && v.size(2) == S && k.size(3) == D &&
@@ -481,7 +488,17 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::opt
     if (t->stride(3) != 1) *t = t->contiguous();
   }
   auto out = torch::empty({B, T, H, D}, q.options());
+  torch::Tensor scales[2];
+  for (int i = 0; i < 2; i++) {
+    const auto& given = i == 0 ? qscale : oscale;
+    if (!given || !given->defined()) continue;
+    scales[i] = given->contiguous();
+    TORCH_CHECK(scales[i].scalar_type() == at::kFloat && scales[i].numel() == B * H * D,
+                "rows_attention: a scale must hold B · H · D fp32 values");
+  }
   Args a{B, H, KVH, T, S, D, (float)scale, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), nullptr, false,
+         scales[0].defined() ? scales[0].data_ptr<float>() : nullptr,
+         scales[1].defined() ? scales[1].data_ptr<float>() : nullptr,
          {q.stride(0), q.stride(1), q.stride(2)}, {k.stride(0), k.stride(1), k.stride(2)},
          {v.stride(0), v.stride(1), v.stride(2)}, {0, 0, 0, 0}, out.data_ptr()};
   torch::Tensor m;
@@ -509,5 +526,7 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::opt
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("entry", [] { return pybind11::capsule((void*)&attend, "specdec.rows_attention.attend"); },
         "attend's address, for another module's C++ (lean_layers)");
-  m.def("attend", &attend, "attention of a few query rows, each computed alone");
+  m.def("attend", &attend, "attention of a few query rows, each computed alone", pybind11::arg("q"), pybind11::arg("k"),
+        pybind11::arg("v"), pybind11::arg("mask"), pybind11::arg("scale"), pybind11::arg("causal"),
+        pybind11::arg("qscale") = pybind11::none(), pybind11::arg("oscale") = pybind11::none());
 }

@@ -4,7 +4,8 @@ top states the arithmetic): a pass's row gets the bits of a one-token step at it
 call for every row and head instead of a torch call per row.
 
     attend     q [B, H, T, D], k, v [B, KVH, S, D] (any strides but the last; fp32 or bf16, k and v also int8:
-               a draft's, its scales folded in by the caller), mask [B, 1|H, 1|T, S] bool or float, or None
+               a draft's, with its per-channel scales qscale, oscale [B, H, 1, D] / [B, 1, H, D]: q · qscale in,
+               out · oscale out, torch's bits), mask [B, 1|H, 1|T, S] bool or float, or None
                -> [B, T, H, D] in q's dtype; None where the kernel did not build
     reference  the same in fp64 torch ops, not rounded to q's dtype (tests)
 """
@@ -24,9 +25,10 @@ KERNEL = cpp.Extension("rows_attention", SOURCE, ["-O3", "-march=native", "-ffp-
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-           causal: bool = True) -> torch.Tensor | None:
+           causal: bool = True, qscale: torch.Tensor | None = None,
+           oscale: torch.Tensor | None = None) -> torch.Tensor | None:
     ext = KERNEL.module()
-    return None if ext is None else ext.attend(q, k, v, mask, scale, causal)
+    return None if ext is None else ext.attend(q, k, v, mask, scale, causal, qscale, oscale)
 
 
 def reference(q, k, v, mask, scale: float, causal: bool = True) -> torch.Tensor:

@@ -129,6 +129,20 @@ def test_bf16_and_int8_keys_give_their_fp32_copys_bits(build, kdtype):
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_per_channel_scales_inside_give_torchs_bits(build, dtype):
+    """int8 K/V with per-channel scales (the self draft's pooled frames): qscale and oscale applied inside give
+    (attend(q · qscale) · oscale).to(q's dtype) in torch ops, bit for bit: one fp32 multiplication each."""
+    attend = BUILDS[build]()
+    q, k, v, _ = case(2, 8, 8, 64, 2, 300, dtype, torch.float32, None, seed=6)
+    k, v = ((t * 30).round().clamp(-127, 127).to(torch.int8) for t in (k, v))
+    ks, vs = torch.rand(2, 8, 1, 64) / 30, torch.rand(2, 8, 1, 64) / 30  # [B, H, 1, D]
+    want = (attend(q * ks, k, v, None, 1.0, False, None, None) * vs.transpose(1, 2)).to(dtype)
+    assert torch.equal(attend(q, k, v, None, 1.0, False, ks, vs.transpose(1, 2)), want)
+    assert not torch.equal(attend(q, k, v, None, 1.0, False, None, None), want)
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
 def test_hidden_slots_leave_a_rows_bits(build):
     """A row whose cache holds hidden slots (a batch's left padding, the holes its rejected draft tokens leave) gets
     the bits of the same row over the shown keys alone, no mask: a batch's speculative row is its autoregressive
