@@ -192,19 +192,15 @@ class Layers {
     });
   }
 
-  // k and v of qkv [B, T, 3, heads, head_dim] into layer i's cache slots start … start + T − 1 (keys, values [layers,
-  // B, heads, slots, head_dim]): plain copies where the cache is contiguous and of qkv's dtype, else torch's
+  // k and v of qkv [B, T, 3, heads, head_dim] (contiguous: the product's output) into layer i's cache slots
+  // start … start + T − 1 (keys, values [layers, B, heads, slots, head_dim], contiguous, of qkv's dtype: LeanDecoder's)
   static void store(const torch::Tensor& qkv, torch::Tensor& keys, torch::Tensor& values, int64_t i, int64_t start) {
     const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(3), D = qkv.size(4), slots = keys.size(3);
+    TORCH_CHECK(qkv.is_contiguous(), "lean_layers: q, k, v must be contiguous");
     for (const auto* c : {&keys, &values})
       TORCH_CHECK(c->dim() == 5 && c->size(1) == B && c->size(2) == H && c->size(3) == slots && c->size(4) == D &&
-                  start >= 0 && start + T <= slots, "lean_layers: the cache must be [layers, B, heads, slots, head_dim]");
-    if (!(qkv.is_contiguous() && keys.is_contiguous() && values.is_contiguous() &&
-          keys.scalar_type() == qkv.scalar_type() && values.scalar_type() == qkv.scalar_type())) {
-      keys.select(0, i).narrow(2, start, T).copy_(qkv.select(2, 1).permute({0, 2, 1, 3}));
-      values.select(0, i).narrow(2, start, T).copy_(qkv.select(2, 2).permute({0, 2, 1, 3}));
-      return;
-    }
+                  c->is_contiguous() && c->scalar_type() == qkv.scalar_type() && start >= 0 && start + T <= slots,
+                  "lean_layers: the cache must be [layers, B, heads, slots, head_dim], contiguous, in x's dtype");
     const int64_t size = qkv.element_size();
     const char* src = (const char*)qkv.data_ptr();
     char* dst[2] = {(char*)keys.data_ptr(), (char*)values.data_ptr()};

@@ -32,9 +32,9 @@ from specdec_cli.models.whisper import decoder_layers, special_ids
 from specdec_cli.options import TranscribeOptions
 
 # The draft's weight forms on a CPU (kernels/int8_rows), as the bits of its layers' weights; the output layer is int4
-# rescored from int8 (RESCORED) in both. Its int8 before: one token a round, the 74 s and 297 s recordings, Whisper base's bf16 target, its draft's token was
-# the target's 0.978 / 0.978 of the time with int8 layers, as often with int4 layers, 0.936 / 0.936 with an int4 output
-# layer too (benchmarks/README.md, twentieth session)
+# rescored from int8 (RESCORED) in both. With an int8 output layer: one token a round, the 74 s and 297 s recordings,
+# Whisper base's bf16 target, its draft's token was the target's 0.978 / 0.978 of the time with int8 layers, as often
+# with int4 layers, 0.936 / 0.936 with an int4 output layer alone (benchmarks/README.md, twentieth session)
 BITS = {"int8": 8, "int4": 4}
 
 
@@ -349,10 +349,10 @@ def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | N
 
 def build(draft_spec: str, target: LoadedModel, opts: TranscribeOptions, progress: bool = True) -> LeanDraft:
     """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4 layers,
-    or with --target-int8 the target's own int8 rows (the output layer int4, rescored, in both). Measured (AMD EPYC Zen 5, 2 threads,
-    one process, interleaved, medians of 6; benchmarks/README.md, twentieth session): on the bf16 target int4 layers
-    decoded the 74 s / 297 s recordings 1.34x / 1.26x faster than the target alone where int8 ones did 1.21x / 1.16x
-    (agreement alike, the draft step 2.24 against 2.50 ms); on the int8 target they agreed less (0.971 against its
-    own rows' 0.986) and were no faster (1.14x / 1.17x against 1.23x / 1.11x)."""
+    or with --target-int8 the target's own int8 rows (the output layer int4, rescored, in both). Measured (AMD EPYC
+    Zen 5, 2 threads, one process, interleaved, medians of 6; benchmarks/README.md, twentieth session): on the bf16
+    target int4 layers decoded the 74 s / 297 s recordings 1.34x / 1.26x faster than the target alone where int8 ones
+    did 1.21x / 1.16x (agreement alike, the draft step 2.24 against 2.50 ms); on the int8 target they agreed less
+    (0.971 against its own rows' 0.986) and were no faster (1.14x / 1.17x against 1.23x / 1.11x)."""
     weights = None if not opts.draft_quantized else "int8" if opts.target_int8 else "int4"
     return self_draft(target, draft_spec, opts.draft_vocab, weights, opts.timestamps)
