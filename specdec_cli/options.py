@@ -255,7 +255,7 @@ class SummarizeOptions(DecodeOptions):
 # Measured again (2026-11-26, eighth session; AMD EPYC, 2 threads, the 74 s recording, `specdec bench --task
 # transcribe --target-int8 off,on --draft-vocab 16384,32768 --repeat 3`, one run): with the rows-kernel attention
 # the head's rows cost less of a step, and 32768 now ties on the unmodified target (2.14× against 16384's 2.19×,
-# acceptance 0.976 against 0.931) and wins with --target-int8, whose draft is the target's own int8 rows (1.17×
+# acceptance 0.976 against 0.931) and wins with --target-int8, whose draft was then the target's own int8 rows (1.17×
 # against 1.07×, acceptance 0.988 against 0.941; full head: 1.0, but 1.08×). Default: 32768.
 @dataclass(frozen=True)
 class TranscribeOptions(DecodeOptions):
@@ -276,10 +276,9 @@ class TranscribeOptions(DecodeOptions):
                               "+ the timestamp tokens with --timestamps): a cheaper draft, the same output. 0 = the "
                               "full vocabulary.")
     draft_stop: float = 0.8
-    draft_quantized: bool = option(True, f"Give the self draft low-bit weights on a CPU (int4 layers and an int4 output "
-                                   f"layer whose top tokens are rescored in int8; with --target-int8 the target's own "
-                                   f"int8 rows) and cross-attention over "
-                                   f"pooled frames in int8: {_DRAFT_CHEAPER}.")  # drafts/lean_whisper.py
+    draft_quantized: bool = option(True, f"Give the self draft low-bit weights on a CPU (int4 layers, with --target-int8 "
+                                   f"too, and an int4 output layer whose top tokens are rescored in int8) and "
+                                   f"cross-attention over pooled frames in int8: {_DRAFT_CHEAPER}.")  # drafts/lean_whisper.py
     language: str = option("auto", "auto (detected per file; English-only models: en) or a language code: en, de, "
                            "fr, ...")
     task: str = option("transcribe", "transcribe | translate (into English; multilingual models only).", flag="--task")
@@ -394,9 +393,8 @@ class BenchOptions:
     draft: str | None = option(None, _task_help("draft", "the draft model"))
     draft_vocab: str | None = option(None, _task_help("draft_vocab", "the draft's output layer sizes, comma-separated "
                                                       "(0 = full)"))
-    draft_quantized: str | None = option(None, "A task's draft weights: on (summarize int8; transcribe int4 layers, "
-                                         "with the int8 target its own int8 rows; the default), off, or on,off to "
-                                         "compare.")
+    draft_quantized: str | None = option(None, "A task's draft weights: on (summarize int8; transcribe int4 layers; "
+                                         "the default), off, or on,off to compare.")
     target_int8: str | None = option(None, "transcribe: the target's weights: off (the default: the model itself), on "
                                      "(int8 decoder linears and output layer, as specdec transcribe --target-int8), or "
                                      "off,on to compare.")

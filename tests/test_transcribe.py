@@ -161,7 +161,7 @@ def test_lean_draft_output_layer_subset_and_low_bits(tiny, tiny_dir, monkeypatch
     assert_same_up_to_rounding(a[..., kept], b[..., kept], whisper_decoder_sums(tiny.model.config, keys=4))
     assert torch.isinf(a[..., ~kept]).all()
 
-    # int8 or int4 layers (the default on a CPU: int4, with the int8 target int8; fp32 or bf16 activations) and an int4
+    # int8 or int4 layers (the default on a CPU: int4, with the int8 target too; fp32 or bf16 activations) and an int4
     # output layer rescored from int8, and the draft stays close to the target (a draft's error costs acceptance, never
     # exactness); the frames' K/V first as they are (FRAMES = 1), then pooled by two: these random frames are unlike
     # neighbours, so pooling moves them far more than a recording's, yet a wrong layout would move them further (> 1).
@@ -311,7 +311,7 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     floats = [] if target_int8 else ["float_rows"]
     frames = ["frames_attention"] if frames_attention.cpu_takes() else []
     _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
-    assert draft.lean.weights == ("int8" if target_int8 else "int4")  # the lean self draft's default
+    assert draft.lean.weights == "int4"  # the lean self draft's default, with the int8 target too
     assert built == ["rows_attention", "int8_rows", "lean_layers", *floats, *frames]
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
@@ -702,15 +702,16 @@ def test_target_int8_quantizes_the_decoder_and_stays_close(tiny_dir, speech_wav)
     linears = lambda m: [type(x) for x in m.modules() if type(x) in (nn.Linear, Int8Linear)]  # noqa: E731
     assert set(linears(q.model.model.decoder)) == {Int8Linear} and type(q.model.proj_out) is Int8Linear
     assert set(linears(q.model.model.encoder)) == {nn.Linear}
-    # the self draft takes the target's int8 rows: the same integers, q's scale times head_dim^-1/2 (a power of 2)
-    lean, layer = draft.lean, q.model.model.decoder.layers[0]
-    assert lean.weights == "int8"
+    # the self draft keeps its int4 layers, packed from the unquantized weights before the target's became int8
+    from specdec_cli.kernels import int8_rows
+
+    lean, layer = draft.lean, plain.model.model.decoder.layers[0]
+    assert lean.weights == "int4"
     qkv, fc1 = lean.layers[0]["qkv"][1], lean.layers[0]["fc1"][1]
-    a = layer.self_attn
-    assert torch.equal(fc1.ints(), layer.fc1.packed.ints()) and torch.equal(fc1.scales, layer.fc1.packed.scales)
-    assert torch.equal(qkv.ints(), torch.cat([m.packed.ints() for m in (a.q_proj, a.k_proj, a.v_proj)]))
-    assert torch.equal(qkv.scales, torch.cat([a.q_proj.packed.scales * lean.head_dim ** -0.5, a.k_proj.packed.scales,
-                                              a.v_proj.packed.scales]))
+    a, s = layer.self_attn, lean.head_dim ** -0.5
+    assert torch.equal(fc1.ints(), int8_rows.pack(layer.fc1.weight, bits=4).ints())
+    want = int8_rows.pack(torch.cat([a.q_proj.weight * s, a.k_proj.weight, a.v_proj.weight]), bits=4)
+    assert torch.equal(qkv.ints(), want.ints()) and torch.equal(qkv.scales, want.scales)
     torch.manual_seed(0)
     feats = torch.randn(1, q.model.config.num_mel_bins, 2 * q.model.config.max_source_positions)
     tokens = torch.tensor([[T.special_ids(q).sot, 5, 7, 9]])

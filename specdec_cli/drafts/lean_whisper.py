@@ -6,11 +6,10 @@
 LeanDecoder keeps the target's decoder layers (all, or those `self:K` / `self:0-2,4` name), gives them an
 output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids when the task decodes them
 (−inf elsewhere: zero probability off the subset, which exact verification allows, and greedy verification
-compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int4 layers and an
-int4 output layer whose RESCORED largest logits are recomputed from int8 rows (rescored; kernels/int8_rows: a step
-reads ~0.3 of bf16's bytes; for an int8 target, --target-int8, int8 layers, its own rows, so they compute what the
-target's compute) and cross-attention over int8 keys and values that each stand for FRAMES frames (pooled); with
-quantized weights the layers' loop and the output layer run in one C++ call each (kernels/lean_layers: the same bits,
+compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int4 layers
+(the int8 target's too, --target-int8: build()) and an int4 output layer whose RESCORED largest logits are
+recomputed from int8 rows (rescored; kernels/int8_rows: a step reads ~0.3 of bf16's bytes) and cross-attention over
+int8 keys and values that each stand for FRAMES frames (pooled); with quantized weights the layers' loop and the output layer run in one C++ call each (kernels/lean_layers: the same bits,
 rescored values within an fp32 rounding). Why every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
@@ -348,11 +347,12 @@ def self_draft(target: LoadedModel, draft_spec: str = "self", head_size: int | N
 
 
 def build(draft_spec: str, target: LoadedModel, opts: TranscribeOptions, progress: bool = True) -> LeanDraft:
-    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4 layers,
-    or with --target-int8 the target's own int8 rows (the output layer int4, rescored, in both). Measured (AMD EPYC
-    Zen 5, 2 threads, one process, interleaved, medians of 6; benchmarks/README.md, twentieth session): on the bf16
-    target int4 layers decoded the 74 s / 297 s recordings 1.34x / 1.26x faster than the target alone where int8 ones
-    did 1.21x / 1.16x (agreement alike, the draft step 2.24 against 2.50 ms); on the int8 target they agreed less
-    (0.971 against its own rows' 0.986) and were no faster (1.14x / 1.17x against 1.23x / 1.11x)."""
-    weights = None if not opts.draft_quantized else "int8" if opts.target_int8 else "int4"
+    """`self`, `self:K` or `self:0-2,4` for a Whisper target, with the options' output layer and weights: int4 layers
+    (the output layer int4, rescored), with the unmodified target and with --target-int8 alike. Measured (AMD EPYC
+    Zen 5, 2 threads, one process, interleaved, medians of 6; benchmarks/README.md): on the bf16 target int4 layers
+    decoded the 74 s / 297 s recordings 1.34x / 1.26x faster than the target alone where int8 ones did 1.21x / 1.16x
+    (twentieth session); on the int8 target, since the output layer is int4 (twenty-third session), int4 layers
+    decoded them in 0.245 / 0.859 s against its own int8 rows' 0.263 / 0.890 (acceptance 0.897 / 0.943 against
+    0.978 / 0.963: a step of 1.41 against 1.65 ms, whose reads fit the L3 cache better)."""
+    weights = "int4" if opts.draft_quantized else None
     return self_draft(target, draft_spec, opts.draft_vocab, weights, opts.timestamps)
