@@ -1,6 +1,6 @@
-"""kernels/frames_attention: the encoder's attention and a prompt's (causal, grouped heads, 128 wide) within its fp32
-arithmetic's bound of the fp64 result, on every path this CPU runs (the portable path on any CPU); the rows of a tile
-do not depend on each other."""
+"""kernels/frames_attention: the encoder's attention and a prompt's (causal, grouped heads, 128 wide) within its
+arithmetic's bound of the fp64 result (fp32 sums; bf16 products and P on the AVX-512 BF16 path), on every path this CPU
+runs (the portable path on any CPU); the rows of a tile do not depend on each other."""
 
 from __future__ import annotations
 
@@ -60,15 +60,50 @@ def test_causal_grouped_heads_128_wide_within_the_bound(T, S):
     assert not fa.runs(q, k[:, :, : T - 1], v[:, :, : T - 1], causal=True)  # fewer keys than queries
 
 
-def test_bf16_in_any_strides_comes_back_bf16_within_its_rounding():
-    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv(1, S=40, dtype=torch.bfloat16))  # [B, H, S, D] views
+@pytest.mark.parametrize("S", [1, 3, 40, 75])  # odd S: the bf16 path's pairs of keys end in a padded one
+def test_bf16_in_any_strides_comes_back_bf16_within_its_rounding(S):
+    """bf16 inputs, on every path (AVX-512 BF16's products in bf16, its P rounded to bf16: error_bound's bf16 term)."""
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv(1, S=S, dtype=torch.bfloat16))  # [B, H, S, D] views
     scale = 0.125
     ref, _ = fa.reference(q, k, v, scale)
-    bound = fa.error_bound(q, k, v, scale) + 2.0 ** -8 * ref.abs()  # then rounded once to bf16
     for p in paths_here():
+        bound = fa.error_bound(q, k, v, scale, bf16=fa.bf16_products(q, k, v, p)) + 2.0 ** -8 * ref.abs()  # then bf16
         got = fa.attend(q, k, v, scale, path=p)
         assert got.dtype == torch.bfloat16
-        assert bool(((got.double() - ref).abs() <= bound).all()), p
+        assert bool(((got.double() - ref).abs() <= bound).all()), (p, float(((got.double() - ref).abs() / bound).max()))
+
+
+@pytest.mark.parametrize("T, S", [(5, 5), (37, 37), (18, 53)])
+def test_bf16_causal_grouped_heads_and_rows_alone(T, S):
+    """bf16 inputs, a prompt's shapes (causal, 12 over 2 heads, 128 wide): within the bound on every path; a key after
+    a query changes nothing for it; a row alone gives its bits in a tile of four."""
+    g = torch.Generator().manual_seed(T * S)
+    q = (torch.randn(1, 6, T, 128, generator=g) * 2).bfloat16()
+    k, v = ((torch.randn(1, 2, S, 128, generator=g) * 2).bfloat16() for _ in range(2))
+    scale = 128 ** -0.5
+    ref, _ = fa.reference(q, k, v, scale, causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, -1] += 50
+    v2[:, :, -1] -= 50  # the last key: seen by the last query only
+    for p in paths_here():
+        bound = fa.error_bound(q, k, v, scale, True, bf16=fa.bf16_products(q, k, v, p)) + 2.0 ** -8 * ref.abs()
+        got = fa.attend(q, k, v, scale, causal=True, path=p)
+        assert bool(((got.double() - ref).abs() <= bound).all()), (p, float(((got.double() - ref).abs() / bound).max()))
+        moved = fa.attend(q, k2, v2, scale, causal=True, path=p)
+        assert torch.equal(moved[:, :-1], got[:, :-1]) and not torch.equal(moved[:, -1], got[:, -1]), p
+    whole = fa.attend(q[:, :, :, :], k, v, scale, path=paths_here()[-1])
+    for r in (0, T - 1):
+        alone = fa.attend(q[:, :, r : r + 1], k, v, scale, path=paths_here()[-1])
+        assert torch.equal(alone[:, 0], whole[:, r])
+
+
+def test_bf16_products_only_for_bf16_inputs_on_their_path():
+    q, k, v = qkv(5, S=8)
+    assert not fa.bf16_products(q, k, v, "avx512bf16") and not fa.bf16_products(q.bfloat16(), k.bfloat16(), v, "avx512bf16")
+    assert fa.bf16_products(q.bfloat16(), k.bfloat16(), v.bfloat16(), "avx512bf16")
+    assert not fa.bf16_products(q.bfloat16(), k.bfloat16(), v.bfloat16(), "avx512")
+    if fa.KERNEL.module().best_path() == fa.PATHS["avx512bf16"]:  # fp32 inputs on it: the AVX-512 path's bits
+        assert torch.equal(fa.attend(q, k, v, 0.125, path="avx512bf16"), fa.attend(q, k, v, 0.125, path="avx512"))
 
 
 def test_a_row_does_not_depend_on_the_others():
