@@ -108,6 +108,25 @@ AVX512_FN inline void scores(const Head& h, const float* q, float* s, int64_t j,
   }
 }
 
+// a row's scores si[0 .. e) (their max in mx's lanes) → exp(s_j − max) in place; → 1 / their sum
+AVX512_FN inline float softmax_row(float* si, int64_t e, __m512 mx) {
+  const int64_t S16 = e / 16 * 16;
+  const __mmask16 tail = (__mmask16)((1u << (e - S16)) - 1);
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 l = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S16; j += 16) {
+    const __m512 p = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(si + j), m));
+    _mm512_storeu_ps(si + j, p);
+    l = _mm512_add_ps(l, p);
+  }
+  if (tail) {
+    const __m512 p = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, si + S16), m));
+    _mm512_mask_storeu_ps(si + S16, tail, p);
+    l = _mm512_mask_add_ps(l, tail, l, p);
+  }
+  return 1.0f / _mm512_reduce_add_ps(l);
+}
+
 template <int64_t D, int RR>
 AVX512_FN void rows_avx512(const Head& h, const float* q, float* s, float* o) {
   const int64_t S = h.S;
@@ -118,23 +137,8 @@ AVX512_FN void rows_avx512(const Head& h, const float* q, float* s, float* o) {
   for (; j < S; j += 16) scores<D, RR, 1>(h, q, s, j, mx);
   float inv[RR];
   for (int i = 0; i < RR; i++) {
-    const int64_t e = h.end[i], S16 = e / 16 * 16;
-    const __mmask16 tail = (__mmask16)((1u << (e - S16)) - 1);
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx[i]));
-    __m512 l = _mm512_setzero_ps();
-    float* si = s + i * S;
-    for (int64_t j = 0; j < S16; j += 16) {
-      const __m512 p = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(si + j), m));
-      _mm512_storeu_ps(si + j, p);
-      l = _mm512_add_ps(l, p);
-    }
-    if (tail) {
-      const __m512 p = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, si + S16), m));
-      _mm512_mask_storeu_ps(si + S16, tail, p);
-      l = _mm512_mask_add_ps(l, tail, l, p);
-    }
-    inv[i] = 1.0f / _mm512_reduce_add_ps(l);
-    std::fill(si + e, si + S, 0.f);  // the keys after the row's own (causal): weight 0 in P · V
+    inv[i] = softmax_row(s + i * S, h.end[i], mx[i]);
+    std::fill(s + i * S + h.end[i], s + (i + 1) * S, 0.f);  // the keys after the row's own (causal): weight 0 in P · V
   }
   // P · V: 64 of each key's values in 4 vectors, against each row's weight for it
   for (int64_t half = 0; half < D; half += 64) {
@@ -309,23 +313,9 @@ BF16_FN void rows_bf16(const HeadBF& h, const uint32_t* q, float scale, float* s
   for (; j < S; j += 16) scores_bf16<D, RR, 1>(h, q, scale, s, SS, j, mx);
   float inv[RR];
   for (int i = 0; i < RR; i++) {  // the AVX-512 path's softmax, then P in bf16
-    const int64_t e = h.end[i], S16 = e / 16 * 16;
-    const __mmask16 tail = (__mmask16)((1u << (e - S16)) - 1);
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx[i]));
-    __m512 l = _mm512_setzero_ps();
     float* si = s + i * SS;
-    for (int64_t j = 0; j < S16; j += 16) {
-      const __m512 p = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(si + j), m));
-      _mm512_storeu_ps(si + j, p);
-      l = _mm512_add_ps(l, p);
-    }
-    if (tail) {
-      const __m512 p = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, si + S16), m));
-      _mm512_mask_storeu_ps(si + S16, tail, p);
-      l = _mm512_mask_add_ps(l, tail, l, p);
-    }
-    inv[i] = 1.0f / _mm512_reduce_add_ps(l);
-    std::fill(si + e, si + SS, 0.f);  // the keys after the row's own (causal) and the padding: weight 0
+    inv[i] = softmax_row(si, h.end[i], mx[i]);
+    std::fill(si + h.end[i], si + SS, 0.f);  // the keys after the row's own (causal) and the padding: weight 0
     for (int64_t j = 0; j < SS; j += 32)
       _mm512_storeu_si512(pb + i * SS + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(si + j + 16), _mm512_loadu_ps(si + j)));
   }
