@@ -367,31 +367,43 @@ void with_rows(int r, F&& f) {
   }
 }
 
+// every tile of R query rows of every (batch, head), over threads: f(u, r, kv, end, out_row) with u = (b·H + h)·tiles
+// + tile (its rows' offset in q: u's (b, h) row block, m0 = tile·R), r ≤ R rows, kv = b·Hkv + h / (H / Hkv), end[i]
+// the keys row i sees (end[r − 1] the tile's), out_row(i) the row's place in out [B, T, H, D]
+template <typename F>
+void for_tiles(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t S, bool causal, int64_t D, F&& f) {
+  const int64_t group = H / Hkv, tiles = (T + R - 1) / R;
+  at::parallel_for(0, B * H * tiles, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; u++) {
+      const int64_t bh = u / tiles, m0 = (u % tiles) * R, b = bh / H, hh = bh % H;
+      const int r = (int)std::min<int64_t>(R, T - m0);
+      int64_t end[R];
+      for (int i = 0; i < R; i++) end[i] = causal ? std::min(S - T + m0 + r, S - T + m0 + i + 1) : S;
+      f(bh * T + m0, r, b * Hkv + hh / group, end, [&](int i) { return ((b * T + m0 + i) * H + hh) * D; });
+    }
+  });
+}
+
 template <int64_t D>
 void attend_d(const torch::Tensor& qf, const torch::Tensor& kt, const torch::Tensor& vf, torch::Tensor& out, bool causal,
               int64_t path) {
   const int64_t B = qf.size(0), H = qf.size(1), T = qf.size(2), Hkv = vf.size(1), S = vf.size(2);
-  const int64_t S16 = (S + 15) / 16 * 16, group = H / Hkv;
-  const int64_t tiles = (T + R - 1) / R, units = B * H * tiles;
+  const int64_t S16 = (S + 15) / 16 * 16;
   const float *qp = qf.data_ptr<float>(), *kp = kt.data_ptr<float>(), *vp = vf.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> s(R * S), o(R * D);
-    for (int64_t u = u0; u < u1; u++) {
-      const int64_t bh = u / tiles, m0 = (u % tiles) * R;
-      const int r = (int)std::min<int64_t>(R, T - m0);
-      const int64_t b = bh / H, hh = bh % H, kv = b * Hkv + hh / group;
-      Head h{kp + kv * D * S16, vp + kv * S * D, causal ? S - T + m0 + r : S, {}};
-      for (int i = 0; i < R; i++) h.end[i] = causal ? std::min(h.S, S - T + m0 + i + 1) : S;
-      const float* qr = qp + (bh * T + m0) * D;
+  for_tiles(B, H, Hkv, T, S, causal, D, [&](int64_t row, int r, int64_t kv, const int64_t* end, auto out_row) {
+    thread_local std::vector<float> s, o;
+    s.resize(R * S), o.resize(R * D);
+    Head h{kp + kv * D * S16, vp + kv * S * D, end[r - 1], {}};
+    std::copy(end, end + R, h.end);
+    const float* qr = qp + row * D;
 #if FA_X86
-      if (path == AVX512) with_rows(r, [&](auto rr) { rows_avx512<D, decltype(rr)::value>(h, qr, s.data(), o.data()); });
-      else if (path == AVX2) with_rows(r, [&](auto rr) { rows_avx2<D, decltype(rr)::value>(h, qr, s.data(), o.data()); });
-      else
+    if (path == AVX512) with_rows(r, [&](auto rr) { rows_avx512<D, decltype(rr)::value>(h, qr, s.data(), o.data()); });
+    else if (path == AVX2) with_rows(r, [&](auto rr) { rows_avx2<D, decltype(rr)::value>(h, qr, s.data(), o.data()); });
+    else
 #endif
-        rows_portable<D>(h, qr, r, s.data(), o.data());
-      for (int i = 0; i < r; i++) std::copy(o.data() + i * D, o.data() + (i + 1) * D, op + ((b * T + m0 + i) * H + hh) * D);
-    }
+      rows_portable<D>(h, qr, r, s.data(), o.data());
+    for (int i = 0; i < r; i++) std::copy(o.data() + i * D, o.data() + (i + 1) * D, op + out_row(i));
   });
 }
 
@@ -402,25 +414,20 @@ template <int64_t D>
 void attend_bf16(const torch::Tensor& qb, const torch::Tensor& kb, const torch::Tensor& vb, int64_t S, float scale,
                  torch::Tensor& out, bool causal) {
   const int64_t B = qb.size(0), H = qb.size(1), T = qb.size(2), Hkv = kb.size(1), S16 = kb.size(2) * 16;
-  const int64_t S2 = vb.size(2) * 2, group = H / Hkv, tiles = (T + R - 1) / R, units = B * H * tiles;
+  const int64_t S2 = vb.size(2) * 2;
   const uint16_t *qp = (const uint16_t*)qb.data_ptr(), *kp = (const uint16_t*)kb.data_ptr(),
                  *vp = (const uint16_t*)vb.data_ptr();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> s, o(R * D);
-    std::vector<uint16_t> pb;
-    for (int64_t u = u0; u < u1; u++) {
-      const int64_t bh = u / tiles, m0 = (u % tiles) * R;
-      const int r = (int)std::min<int64_t>(R, T - m0);
-      const int64_t b = bh / H, hh = bh % H, kv = b * Hkv + hh / group;
-      HeadBF h{kp + kv * D * S16, vp + kv * D * S2, causal ? S - T + m0 + r : S, {}};
-      for (int i = 0; i < R; i++) h.end[i] = causal ? std::min(h.S, S - T + m0 + i + 1) : S;
-      const int64_t SS = (h.S + 31) / 32 * 32;
-      s.resize(R * SS), pb.resize(R * SS);
-      const uint32_t* qr = (const uint32_t*)(qp + (bh * T + m0) * D);
-      with_rows(r, [&](auto rr) { rows_bf16<D, decltype(rr)::value>(h, qr, scale, s.data(), pb.data(), o.data()); });
-      for (int i = 0; i < r; i++) std::copy(o.data() + i * D, o.data() + (i + 1) * D, op + ((b * T + m0 + i) * H + hh) * D);
-    }
+  for_tiles(B, H, Hkv, T, S, causal, D, [&](int64_t row, int r, int64_t kv, const int64_t* end, auto out_row) {
+    HeadBF h{kp + kv * D * S16, vp + kv * D * S2, end[r - 1], {}};
+    std::copy(end, end + R, h.end);
+    const int64_t SS = (h.S + 31) / 32 * 32;
+    thread_local std::vector<float> s, o;
+    thread_local std::vector<uint16_t> pb;
+    s.resize(R * SS), pb.resize(R * SS), o.resize(R * D);
+    const uint32_t* qr = (const uint32_t*)(qp + row * D);
+    with_rows(r, [&](auto rr) { rows_bf16<D, decltype(rr)::value>(h, qr, scale, s.data(), pb.data(), o.data()); });
+    for (int i = 0; i < r; i++) std::copy(o.data() + i * D, o.data() + (i + 1) * D, op + out_row(i));
   });
 }
 #endif
