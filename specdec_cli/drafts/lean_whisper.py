@@ -9,8 +9,9 @@ output layer over token ids [0, N) and <|endoftext|> only, and the timestamp ids
 compares argmaxes), and runs them in plain torch ops instead of transformers' modules, on a CPU with int4 layers
 (the int8 target's too, --target-int8: build()) and an int4 output layer whose RESCORED largest logits are
 recomputed from int8 rows (rescored; kernels/int8_rows: a step reads ~0.3 of bf16's bytes) and cross-attention over
-int8 keys and values that each stand for FRAMES frames (pooled); with quantized weights the layers' loop and the output layer run in one C++ call each (kernels/lean_layers: the same bits,
-rescored values within an fp32 rounding). Why every layer and not fewer: measured, see options.TranscribeOptions.
+int8 keys and values that each stand for FRAMES frames (pooled); with quantized weights the layers' loop and the
+output layer run in one C++ call each (kernels/lean_layers: the same bits, rescored values within an fp32 rounding).
+Why every layer and not fewer: measured, see options.TranscribeOptions.
 """
 
 from __future__ import annotations
