@@ -434,17 +434,24 @@ void attend_bf16(const torch::Tensor& qb, const torch::Tensor& kb, const torch::
 
 // q [B, H, T, D], k, v [B, Hkv, S, D] (H a multiple of Hkv; any strides; fp32 or bf16; D 64 or 128), scale, causal
 // (S ≥ T) → [B, T, H, D] in q's dtype
-torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool causal, int64_t path) {
+// The path a call takes: `path` (AUTO: this CPU's best); AVX-512 BF16's products are bf16's, so inputs not all bf16
+// take the fp32 AVX-512 path there
+int64_t path_for(int64_t path, bool bf16) {
   if (path == AUTO) path = best_path();
-  TORCH_CHECK(path >= PORTABLE && path <= best_path(), "frames_attention: path ", path, " does not run on this CPU");
+  return path == AVX512_BF16 && !bf16 ? AVX512 : path;
+}
+
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool causal, int64_t path) {
+  const bool bf16 = q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(path == AUTO || (path >= PORTABLE && path <= best_path()), "frames_attention: path ", path,
+              " does not run on this CPU");
+  path = path_for(path, bf16);
   TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && k.dim() == 4 && q.size(0) == k.size(0) && k.size(1) > 0 &&
               q.size(1) % k.size(1) == 0 && q.size(3) == k.size(3) && (q.size(3) == 64 || q.size(3) == 128) &&
               k.size(2) > 0 && (!causal || k.size(2) >= q.size(2)),
               "frames_attention: q [B, H, T, D], k, v [B, Hkv, S, D] with Hkv dividing H, D 64 or 128 (causal: S ≥ T)");
   TORCH_CHECK(q.device().is_cpu(), "frames_attention: CPU tensors only");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), Hkv = k.size(1), S = k.size(2), D = q.size(3);
-  const bool bf16 = q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16;
-  if (path == AVX512_BF16 && !bf16) path = AVX512;  // its products are bf16's: other inputs take the fp32 path
 #if FA_X86
   if (path == AVX512_BF16) {  // bf16 copies in the path's layouts (zeros past S)
     const int64_t S16 = (S + 15) / 16 * 16, S2 = (S + 1) / 2 * 2;
@@ -475,4 +482,5 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double s
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "softmax(q · kᵀ · scale) · v, over every key or causal: [B, T, H, D]");
   m.def("best_path", &best_path, "the SIMD path this CPU runs (1 portable, 2 AVX2, 3 AVX-512, 4 AVX-512 BF16)");
+  m.def("path_for", &path_for, "the path a call asking for `path` (0: the best) with inputs all bf16 or not takes");
 }

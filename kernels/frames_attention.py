@@ -69,11 +69,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, caus
 
 
 def bf16_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: str | None = None) -> bool:
-    """Whether attend(q, k, v, path=path) multiplies in bf16: the AVX-512 BF16 path (the best here unless `path` says
-    another) with q, k and v all bf16 (other inputs take the fp32 AVX-512 path)."""
+    """Whether attend(q, k, v, path=path) multiplies in bf16: the kernel's own choice of path for these inputs
+    (path_for) is AVX-512 BF16 (the best here unless `path` says another; inputs not all bf16 take the fp32 path)."""
     ext = KERNEL.module()
-    chosen = PATHS[path] if path else (ext.best_path() if ext is not None else 0)
-    return chosen == PATHS["avx512bf16"] and {q.dtype, k.dtype, v.dtype} == {torch.bfloat16}
+    bf16 = {q.dtype, k.dtype, v.dtype} == {torch.bfloat16}
+    return ext is not None and ext.path_for(PATHS.get(path or "", 0), bf16) == PATHS["avx512bf16"]
 
 
 def _scores(q, k, scale: float, causal: bool) -> torch.Tensor:
