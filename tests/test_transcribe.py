@@ -265,8 +265,8 @@ def test_exact_scorer_rows_are_one_token_steps_bit_for_bit(tiny_dir, dtype):
         pytest.skip("bit for bit is claimed where oneDNN runs bf16 natively (avx512_bf16, amx); elsewhere the "
                     "default dtype is fp32, checked by the other case")
     whisper = load_whisper(str(tiny_dir), dtype=dtype, device="cpu", progress=False).model
-    kernel = rows_attention.KERNEL.module() is not None  # it reads bf16 K/V as the fp32 copy's values
-    assert cross_attention_dtype(whisper) == (torch.float32 if dtype == torch.bfloat16 and not kernel else dtype)
+    kernel = rows_attention.KERNEL.module() is not None  # it reads bf16 K/V widened exactly
+    assert cross_attention_dtype(whisper) == (torch.bfloat16 if kernel else torch.float32)
     torch.manual_seed(2)
     encoded = torch.randn(1, 1500, 32, dtype=dtype)
     kv = cross_kv(whisper.model.decoder.layers, encoded)

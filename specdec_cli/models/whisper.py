@@ -27,20 +27,20 @@ TIME_PER_TOKEN = 0.02  # seconds between timestamp tokens: <|0.00|>, <|0.02|>, .
 
 
 def cross_attention_dtype(model) -> torch.dtype:
-    """The dtype the frames' cross-attention keys and values are kept in (cross_kv): the model's, except float32
-    on a CPU for a bf16 model with sdpa attention where the rows kernel (kernels/rows_attention) did not build, and
-    for an fp16 one. torch's CPU sdpa is ~8× slower in bf16 than in fp32 for a few queries over the 1 500 encoder
-    frames (1 303 against 168 µs, Whisper base's 8 heads, one thread of an AMD EPYC; 851 against 89 µs with two),
-    so without the kernel the K/V (computed in bf16, so fp32 holds them exactly) are kept in fp32 once per window
-    and each query is cast up. The kernel reads bf16 K/V widened exactly: the same values, so the same bits as
-    from the fp32 copy, in half the bytes (a step reads every layer's: 6 MB a layer in fp32 for Whisper base).
-    The target's steps and passes, and the lean draft, all read these: one rule, so that autoregressive and
-    speculative decoding compute alike."""
-    low = model.dtype in (torch.bfloat16, torch.float16)
-    sdpa = internals.attention_implementation(model.config) == "sdpa"
-    if not (low and sdpa and model.device.type == "cpu"):
+    """The dtype the frames' cross-attention keys and values are kept in (cross_kv). On a CPU with sdpa attention:
+    bf16 where the rows kernel (kernels/rows_attention) builds, for an fp32 model too (it reads them widened
+    exactly; half the bytes: a step reads every layer's, 9.2 MB a layer in fp32 for Whisper base's four windows,
+    and in fp32 they were 0.4 of an fp32 target's step and half an int8 one's on an AMD EPYC Zen 3: six layers at
+    3 windows 10.5 against 5.2 ms; an fp32 model's K/V are rounded once a window, as the encoder's output of a bf16
+    one is); without the kernel fp32 (torch's CPU sdpa is ~8× slower in bf16 than in fp32 for a few queries over
+    the 1 500 frames: 851 against 89 µs, Whisper base's 8 heads, two threads), the model's dtype where it is fp32.
+    Elsewhere the model's dtype. The target's steps and passes, and the lean draft, all read these: one rule, so
+    that autoregressive and speculative decoding compute alike."""
+    if not (model.device.type == "cpu" and internals.attention_implementation(model.config) == "sdpa"):
         return model.dtype
-    return model.dtype if model.dtype == torch.bfloat16 and rows_attention.KERNEL.module() is not None else torch.float32
+    if model.dtype in (torch.float32, torch.bfloat16) and rows_attention.KERNEL.module() is not None:
+        return torch.bfloat16
+    return torch.float32 if model.dtype in (torch.bfloat16, torch.float16) else model.dtype
 
 
 class WhisperFamily(Family):
