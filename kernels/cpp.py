@@ -77,8 +77,11 @@ class Extension:
 
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         name = re.sub(r"\W", "_", f"specdec_{where.name}")  # a Python module's name: specdec_<name>_<key>
+        # fresh lists: load() appends torch's libraries to the ones it is given, and a shared list would carry them
+        # into the next kernel's command, so a kernel's command (which ninja rebuilds on) would depend on the kernels
+        # built before it in the process: alternating commands rebuilt one kernel after another (~1 min each)
         return cpp_extension.load(name=name, sources=[str(self.source)], build_directory=str(where),
-                                  extra_cflags=self.cflags + OPENMP, extra_ldflags=OPENMP, verbose=False)
+                                  extra_cflags=[*self.cflags, *OPENMP], extra_ldflags=list(OPENMP), verbose=False)
 
     def module(self):
         """The built module, or None when it cannot be built here (said once, on stderr)."""

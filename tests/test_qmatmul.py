@@ -159,6 +159,25 @@ def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
     assert not qmatmul.KERNEL.cached()  # nothing built under this cache: a GGUF model's load would build it
 
 
+def test_a_kernels_build_command_does_not_depend_on_the_kernels_built_before_it(monkeypatch, tmp_path):
+    """torch's cpp_extension.load appends its libraries to the flag lists it is given; each build gets lists of its
+    own, so a kernel's command (ninja rebuilds when it changes) is the same whichever kernels a process built first."""
+    from torch.utils import cpp_extension
+
+    seen = []
+
+    def load(**kw):  # as torch's load does to its arguments
+        seen.append((list(kw["extra_cflags"]), list(kw["extra_ldflags"])))
+        kw["extra_ldflags"].append("-ltorch_cpu")
+        kw["extra_cflags"].append("-DX")
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    a, b = (cpp.Extension(n, qmatmul.SOURCE, ["-O2"], "") for n in ("a", "b"))
+    a.build(), b.build(), a.build()
+    assert seen[0] == seen[1] == seen[2] == (["-O2", *cpp.OPENMP], cpp.OPENMP) and cpp.OPENMP == ["-fopenmp"]
+
+
 def test_the_key_holds_the_headers_a_source_includes(tmp_path):
     """A header the source includes (`#include "bf16_bits.h"`) is in the key: editing it rebuilds every kernel that
     includes it, and the package ships it beside the sources."""
