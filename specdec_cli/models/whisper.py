@@ -28,12 +28,12 @@ TIME_PER_TOKEN = 0.02  # seconds between timestamp tokens: <|0.00|>, <|0.02|>, .
 
 def cross_attention_dtype(model) -> torch.dtype:
     """The dtype the frames' cross-attention keys and values are kept in (cross_kv). On a CPU with sdpa attention:
-    bf16 where the rows kernel (kernels/rows_attention) builds, for an fp32 model too (it reads them widened
-    exactly; half the bytes: a step reads every layer's, 9.2 MB a layer in fp32 for Whisper base's four windows,
-    and in fp32 they were 0.4 of an fp32 target's step and half an int8 one's on an AMD EPYC Zen 3: six layers at
-    3 windows 10.5 against 5.2 ms; an fp32 model's K/V are rounded once a window, as the encoder's output of a bf16
-    one is); without the kernel fp32 (torch's CPU sdpa is ~8× slower in bf16 than in fp32 for a few queries over
-    the 1 500 frames: 851 against 89 µs, Whisper base's 8 heads, two threads), the model's dtype where it is fp32.
+    - bf16 for an fp32 or bf16 model where the rows kernel (kernels/rows_attention) builds: it reads them widened
+      exactly, at half the bytes. A step reads every layer's (Whisper base at three windows, fp32: 18 MB a layer;
+      six layers 10.5 against 5.2 ms on an AMD EPYC Zen 3, 0.4 of an fp32 target's step, half an int8 one's). An
+      fp32 model's K/V are rounded once a window, as a bf16 model's encoder output is;
+    - else fp32 for a bf16 or fp16 model (torch's CPU sdpa is ~8× slower in bf16 than in fp32 for a few queries
+      over the 1 500 frames: 851 against 89 µs, Whisper base's 8 heads, two threads), the model's dtype otherwise.
     Elsewhere the model's dtype. The target's steps and passes, and the lean draft, all read these: one rule, so
     that autoregressive and speculative decoding compute alike."""
     if not (model.device.type == "cpu" and internals.attention_implementation(model.config) == "sdpa"):
