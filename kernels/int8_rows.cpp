@@ -20,7 +20,8 @@
 // Int4 weights (w_nk in [−7, 7], a draft's: half the bytes) are packed [N128 / 16, K / 8, 16, 4] uint8, byte (k8, r, j)
 // holding w + 8 of k = 8·k8 + j in its low nibble and of k = 8·k8 + 4 + j in its high one: the int8 layout's two
 // k-steps in one 64-byte load. The dot is the same exact integer, summed as Σ_k (w_nk + 8) · q_mk − 8 · Σ_k q_mk on the
-// SIMD paths (the nibble the unsigned operand, q the signed one: no pair exceeds 2 · 15 · 127).
+// SIMD paths (the nibble the unsigned operand, q the signed one: no pair exceeds 2 · 15 · 127, so the AVX2 path adds
+// SUM16 = 8 k-steps' pairs in int16 before widening them: one vpmaddwd for eight vpmaddubsw).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -138,6 +139,9 @@ AVX2_FN inline __m256i nibbles(const int8_t* p, int64_t kk) {
   return _mm256_and_si256(kk % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
 }
 
+// int4: the k-steps whose vpmaddubsw pairs are added in int16 before one vpmaddwd (8 · 2 · 15 · 127 = 30 480 < 2¹⁵)
+constexpr int64_t SUM16 = 8;
+
 template <int R, bool NIB>
 AVX2_FN void block_avx2_r(const Call& c, int64_t nb, int64_t m0) {
   __m256i acc[R][2];
@@ -145,36 +149,57 @@ AVX2_FN void block_avx2_r(const Call& c, int64_t nb, int64_t m0) {
   const int64_t step = c.K * (NIB ? 8 : 16);  // a block's bytes
   const int8_t *wb = c.w + nb * step, *end = c.w + c.NB * step;
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t kk = 0; kk < c.K / 4; kk++) {
-    const int64_t at = NIB ? kk / 2 * 64 : kk * 64;  // the k-step's 64 bytes (int4: shared by kk and kk + 1)
-    if (m0 == 0 && (!NIB || kk % 2 == 0) && wb + at + AHEAD_BYTES < end)  // once a call
-      _mm_prefetch((const char*)(wb + at + AHEAD_BYTES), _MM_HINT_T0);
-    // the step's weights for 16 outputs, two halves: int4 the nibbles (w + 8), int8 w itself
-    const __m256i w0 = NIB ? nibbles(wb + at, kk) : _mm256_loadu_si256((const __m256i*)(wb + at));
-    const __m256i w1 = NIB ? nibbles(wb + at + 32, kk) : _mm256_loadu_si256((const __m256i*)(wb + at + 32));
-    for (int i = 0; i < R; i++) {
-      const __m256i a = _mm256_set1_epi32(load4(c.xq + (m0 + i) * c.K + kk * 4));
-      if constexpr (NIB) {  // (w + 8) unsigned · q signed
-        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w0, a), ones));
-        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w1, a), ones));
-      } else {  // |q| unsigned · w with q's sign
-        const __m256i au = _mm256_abs_epi8(a);
-        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, a)), ones));
-        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, a)), ones));
+  const int64_t steps = c.K / 4;
+  for (int64_t k0 = 0; k0 < steps; k0 += NIB ? SUM16 : steps) {
+    __m256i sum[R][2];  // int4: the int16 pair sums of k-steps k0 … k0 + SUM16 − 1
+    for (int i = 0; i < R; i++) sum[i][0] = sum[i][1] = _mm256_setzero_si256();
+    for (int64_t kk = k0; kk < std::min(steps, k0 + (NIB ? SUM16 : steps)); kk++) {
+      const int64_t at = NIB ? kk / 2 * 64 : kk * 64;  // the k-step's 64 bytes (int4: shared by kk and kk + 1)
+      if (m0 == 0 && (!NIB || kk % 2 == 0) && wb + at + AHEAD_BYTES < end)  // once a call
+        _mm_prefetch((const char*)(wb + at + AHEAD_BYTES), _MM_HINT_T0);
+      // the step's weights for 16 outputs, two halves: int4 the nibbles (w + 8), int8 w itself
+      const __m256i w0 = NIB ? nibbles(wb + at, kk) : _mm256_loadu_si256((const __m256i*)(wb + at));
+      const __m256i w1 = NIB ? nibbles(wb + at + 32, kk) : _mm256_loadu_si256((const __m256i*)(wb + at + 32));
+      for (int i = 0; i < R; i++) {
+        const __m256i a = _mm256_set1_epi32(load4(c.xq + (m0 + i) * c.K + kk * 4));
+        if constexpr (NIB) {  // (w + 8) unsigned · q signed
+          sum[i][0] = _mm256_add_epi16(sum[i][0], _mm256_maddubs_epi16(w0, a));
+          sum[i][1] = _mm256_add_epi16(sum[i][1], _mm256_maddubs_epi16(w1, a));
+        } else {  // |q| unsigned · w with q's sign
+          const __m256i au = _mm256_abs_epi8(a);
+          acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, a)), ones));
+          acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, a)), ones));
+        }
       }
     }
+    if constexpr (NIB)
+      for (int i = 0; i < R; i++) {
+        acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(sum[i][0], ones));
+        acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(sum[i][1], ones));
+      }
   }
-  alignas(64) int32_t dots[R * 16];
-  for (int i = 0; i < R; i++) {
+  for (int i = 0; i < R; i++)
     if constexpr (NIB) {  // less 8 · Σ_k q_mk
       const __m256i less = _mm256_set1_epi32(8 * c.xsum[m0 + i]);
       acc[i][0] = _mm256_sub_epi32(acc[i][0], less);
       acc[i][1] = _mm256_sub_epi32(acc[i][1], less);
     }
-    _mm256_store_si256((__m256i*)(dots + i * 16), acc[i][0]);
-    _mm256_store_si256((__m256i*)(dots + i * 16 + 8), acc[i][1]);
+  if (c.yb || nb * 16 + 16 > c.N) {  // bf16 outputs, or a block past N
+    alignas(64) int32_t dots[R * 16];
+    for (int i = 0; i < R; i++) {
+      _mm256_store_si256((__m256i*)(dots + i * 16), acc[i][0]);
+      _mm256_store_si256((__m256i*)(dots + i * 16 + 8), acc[i][1]);
+    }
+    return finish(c, nb, m0, R, dots);
   }
-  finish(c, nb, m0, R, dots);
+  for (int i = 0; i < R; i++)  // finish()'s operations on 8 lanes at a time (the same roundings)
+    for (int h = 0; h < 2; h++) {
+      const int64_t m = m0 + i, n = nb * 16 + 8 * h;
+      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(c.xs[m]), _mm256_loadu_ps(c.ws + n));
+      __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][h]), scale);
+      if (c.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(c.bias + n));
+      _mm256_storeu_ps(c.y + m * c.N + n, v);
+    }
 }
 
 template <bool NIB>

@@ -45,6 +45,23 @@ def test_every_path_gives_the_twins_bits(dtype, bits):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
+def test_the_largest_products_sum_exactly(bits):
+    """Weights at ±top and activations at ±127, so each path's narrow partial sums (int16 pairs, int4's sums of
+    several k-steps) reach their largest: still the twin's exact integers."""
+    w = torch.ones(N, K)
+    w[1::2] = -1.0
+    packed = int8_rows.pack(w, bits)
+    x = torch.ones(4, K)
+    x[1] = -1.0
+    x[2, 1::2] = -1.0  # alternating: the pairs' products cancel
+    x[3] = w[0] * 0.5 - 0.25  # a smaller level beside the largest
+    want = int8_rows.twin(x, packed)
+    assert float(want[0].abs().max()) == pytest.approx(int8_rows.TOPS[bits] * K * float(packed.scales[0]), rel=1e-6)
+    for p in paths_here():
+        assert torch.equal(int8_rows.mm(x, packed, path=p), want), p
+
+
+@pytest.mark.parametrize("bits", [8, 4])
 def test_a_row_does_not_depend_on_the_others_or_the_threads(bits):
     packed = int8_rows.pack(weight(1), bits)
     x = torch.randn(33, K, dtype=torch.bfloat16)
