@@ -16,6 +16,9 @@ And the CPU kernels of the decoding loop's target (C++, built at first use by cp
     layer_ops.py       a Llama-shaped layer's norms and rotary embedding fused (layer_ops.cpp), beside torch's ops
     int8_rows.py       x · Wᵀ with W int8 per output row, each row of x quantized alone (int8_rows.cpp), its twin
     lean_layers.py     the Whisper self draft's int4 / int8 layers in one call (lean_layers.cpp), beside its Python loop
+    float_rows.py      x · Wᵀ with fp32 / bf16 weights as they are, each row computed alone (float_rows.cpp), its twin
+    frames_attention.py  many queries' attention at once: an encoder's frames, a prompt's prefill (frames_attention.cpp)
+    cpp.py             how they are built at first use and cached (build_all: the uncached ones side by side)
 
 Whether Triton kernels compile for a GPU or run under the interpreter is chosen when `specdec_cli`
 is imported (see its __init__): interpreter without a CUDA device.

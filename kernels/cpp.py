@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 OPENMP = ["-fopenmp"]  # at::parallel_for is OpenMP in torch's CPU builds: libgomp.so.1, torch's own at run time
+KERNELS: list[Extension] = []  # every Extension made (a kernel module makes its own at import)
 
 
 def cache_root() -> Path:
@@ -47,6 +48,7 @@ class Extension:
         self._lock = threading.Lock()
         self._module = None
         self._tried = False
+        KERNELS.append(self)
 
     def headers(self) -> list[Path]:
         """The headers beside the source that it includes (`#include "name.h"`), which its build reads too."""
@@ -97,3 +99,14 @@ class Extension:
 
                     warn(f"the {self.name} kernel did not build ({self.error}): {self.fallback}")
             return self._module
+
+
+def build_all(extensions: list[Extension] | None = None, workers: int | None = None) -> None:
+    """Build those of `extensions` (default every kernel imported) not in the cache yet, `workers` at a time (default
+    one a core): each build is one compiler process (~40 s on 2 cores), so a fresh cache's builds take a core's share
+    of the time they take one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = [e for e in (KERNELS if extensions is None else extensions) if not e.cached()]
+    with ThreadPoolExecutor(max(1, min(len(todo), workers or os.cpu_count() or 1))) as pool:
+        list(pool.map(lambda e: e.module(), todo))
