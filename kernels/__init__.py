@@ -18,7 +18,7 @@ And the CPU kernels of the decoding loop's target (C++, built at first use by cp
     lean_layers.py     the Whisper self draft's int4 / int8 layers in one call (lean_layers.cpp), beside its Python loop
     float_rows.py      x · Wᵀ with fp32 / bf16 weights as they are, each row computed alone (float_rows.cpp), its twin
     frames_attention.py  many queries' attention at once: an encoder's frames, a prompt's prefill (frames_attention.cpp)
-    cpp.py             how they are built at first use and cached (build_all: the uncached ones side by side)
+    cpp.py             how they are built at first use and cached (load_all: every kernel, the uncached built side by side)
 
 Whether Triton kernels compile for a GPU or run under the interpreter is chosen when `specdec_cli`
 is imported (see its __init__): interpreter without a CUDA device.

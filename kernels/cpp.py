@@ -101,12 +101,16 @@ class Extension:
             return self._module
 
 
-def build_all(extensions: list[Extension] | None = None, workers: int | None = None) -> None:
-    """Build those of `extensions` (default every kernel imported) not in the cache yet, `workers` at a time (default
-    one a core): each build is one compiler process (~40 s on 2 cores), so a fresh cache's builds take a core's share
-    of the time they take one after another."""
+def load_all(extensions: list[Extension] | None = None, workers: int | None = None) -> None:
+    """Load every one of `extensions` (default every kernel imported), building those not in the cache first,
+    `workers` at a time (default one a core): each build is one compiler process (~40 s on 2 cores), so a fresh
+    cache's builds take a core's share of the time they take one after another."""
     from concurrent.futures import ThreadPoolExecutor
 
-    todo = [e for e in (KERNELS if extensions is None else extensions) if not e.cached()]
-    with ThreadPoolExecutor(max(1, min(len(todo), workers or os.cpu_count() or 1))) as pool:
-        list(pool.map(lambda e: e.module(), todo))
+    extensions = KERNELS if extensions is None else extensions
+    todo = [e for e in extensions if not e.cached()]
+    if todo:
+        with ThreadPoolExecutor(max(1, min(len(todo), workers or os.cpu_count() or 1))) as pool:
+            list(pool.map(lambda e: e.module(), todo))
+    for e in extensions:
+        e.module()

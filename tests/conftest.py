@@ -31,8 +31,10 @@ from specdec_cli.decoding.sampling import SamplingParams, probs_from_logits, pro
 
 
 def pytest_sessionstart(session):
-    """Every C++ kernel not yet in the cache built before collection (which builds some: module-level skipifs), a core
-    each: a fresh clone's seven builds took ~5 min one after another on 2 cores."""
+    """Every C++ kernel loaded before collection (which loads some: module-level skipifs), those not in the cache
+    built a core each (a fresh clone's seven builds took ~5 min one after another on 2 cores, 3 side by side). Loaded
+    once from this cache, a kernel is not built again where a test points SPECDEC_CACHE elsewhere (a fixture's
+    model cache: the 74 s timestamps test spent ~4 of its 5 min building five kernels there)."""
     import importlib
     import pkgutil
 
@@ -41,7 +43,7 @@ def pytest_sessionstart(session):
 
     for m in pkgutil.iter_modules(kernels.__path__):
         importlib.import_module(f"specdec_cli.kernels.{m.name}")
-    cpp.build_all()
+    cpp.load_all()
 
 
 @contextlib.contextmanager
@@ -163,6 +165,28 @@ def autoregressive(target, ids, mask=None, n=24, params=GREEDY, **kw):
     return generate(target, None, ids, mask, mode="autoregressive", params=params, max_new_tokens=n, **kw)
 
 
+
+
+@pytest.fixture(scope="module")
+def encoder_memo():
+    """The Whisper encoder output of each distinct window computed once for the module (it is the same for every
+    mode and γ): the decoding loops are what these tests compare."""
+    import hashlib
+
+    from specdec_cli.tasks import transcribe as T
+
+    memo = {}
+    real = T.encode
+
+    def encode(model, feats):
+        key = (id(model), hashlib.sha1(feats.float().numpy().tobytes()).hexdigest())
+        if key not in memo:
+            memo[key] = real(model, feats)
+        return memo[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(T, "encode", encode)
+        yield memo
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -178,21 +178,23 @@ def test_a_kernels_build_command_does_not_depend_on_the_kernels_built_before_it(
     assert seen[0] == seen[1] == seen[2] == (["-O2", *cpp.OPENMP], cpp.OPENMP) and cpp.OPENMP == ["-fopenmp"]
 
 
-def test_build_all_builds_the_uncached_kernels_side_by_side(monkeypatch, tmp_path):
-    """build_all builds what the cache lacks, `workers` builds at once: two builds that must meet at a barrier
-    both finish only when they run side by side (one after another, the first waits out the timeout and fails)."""
+def test_load_all_builds_the_uncached_kernels_side_by_side(monkeypatch, tmp_path):
+    """load_all builds what the cache lacks, `workers` builds at once, then loads the rest: two builds that must
+    meet at a barrier both finish only when they run side by side (one after another, the first waits out the
+    timeout and fails). A cached kernel is only loaded (torch's load() finds its build: no barrier here)."""
     import threading
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     kernels = [cpp.Extension(f"k{i}", qmatmul.SOURCE, [f"-DK{i}"], "") for i in range(5)]
     kernels[0].folder().mkdir(parents=True)
-    (kernels[0].folder() / "k0.so").touch()  # cached: not built again
+    (kernels[0].folder() / "k0.so").touch()  # cached
     meet, built = threading.Barrier(2, timeout=20), []
-    for k in kernels:
+    for k in kernels[1:]:
         monkeypatch.setattr(k, "build", lambda k=k: (meet.wait(), built.append(k.name)))
-    cpp.build_all(kernels, workers=2)
-    assert sorted(built) == ["k1", "k2", "k3", "k4"] and all(k.module() is not None for k in kernels[1:])
-    assert kernels[0]._module is None and not kernels[0]._tried
+    monkeypatch.setattr(kernels[0], "build", lambda: built.append("k0 loaded") or "k0")
+    cpp.load_all(kernels, workers=2)
+    assert sorted(built[:4]) == ["k1", "k2", "k3", "k4"] and built[4:] == ["k0 loaded"]
+    assert all(k.module() is not None for k in kernels)
 
 
 def test_the_key_holds_the_headers_a_source_includes(tmp_path):
