@@ -1,5 +1,6 @@
 """C++ kernels built at first use with torch.utils.cpp_extension (a C++ compiler is needed then; no network) and
-cached under $SPECDEC_CACHE/kernels/<name>-<key> (else the user cache dir, as for models). The key names the hash of
+cached under <kernels_dir()>/<name>-<key>: $SPECDEC_KERNEL_CACHE, else the kernels/ folder of the model cache
+($SPECDEC_CACHE, else the user cache dir). The key names the hash of
 the source and the headers it includes, torch's and Python's versions, the compiler flags and the CPU's flags, so a
 machine never loads another's build. A failed build says so in one line, once, and the caller's fallback runs
 instead.
@@ -27,6 +28,13 @@ def cache_root() -> Path:
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("specdec"))
+
+
+def kernels_dir() -> Path:
+    """Where kernels are built and cached: $SPECDEC_KERNEL_CACHE if set (one folder of builds for several model
+    caches: the test suite's, and Ray actors given another model cache), else <cache_root()>/kernels."""
+    env = os.environ.get("SPECDEC_KERNEL_CACHE")
+    return Path(env).expanduser() if env else cache_root() / "kernels"
 
 
 def cpu_flags() -> str:
@@ -64,7 +72,7 @@ class Extension:
 
     def folder(self) -> Path:
         """Where this machine's build of it is cached."""
-        return cache_root() / "kernels" / f"{self.name}-{self.key()}"
+        return kernels_dir() / f"{self.name}-{self.key()}"
 
     def cached(self) -> bool:
         """Whether a build for this machine is in the cache (module() then only loads it)."""

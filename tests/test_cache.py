@@ -31,7 +31,9 @@ DEQUANTIZED = []  # the GGUF files the stand-in dequantized, this test
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
+    """A cache of this test's, kernels included (`cache clear --all` deletes them)."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDEC_KERNEL_CACHE", raising=False)
 
 
 @pytest.fixture

@@ -155,8 +155,11 @@ def test_the_build_is_keyed_and_cached(monkeypatch, tmp_path):
     assert other.key() != key  # the flags are in the key
     assert qmatmul.backend_line()  # one line naming the path
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    assert cpp.cache_root() == tmp_path
+    monkeypatch.delenv("SPECDEC_KERNEL_CACHE", raising=False)
+    assert cpp.cache_root() == tmp_path and cpp.kernels_dir() == tmp_path / "kernels"
     assert not qmatmul.KERNEL.cached()  # nothing built under this cache: a GGUF model's load would build it
+    monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path / "builds"))
+    assert qmatmul.KERNEL.folder().parent == tmp_path / "builds"  # whatever the model cache
 
 
 def test_a_kernels_build_command_does_not_depend_on_the_kernels_built_before_it(monkeypatch, tmp_path):
@@ -172,7 +175,7 @@ def test_a_kernels_build_command_does_not_depend_on_the_kernels_built_before_it(
         kw["extra_cflags"].append("-DX")
 
     monkeypatch.setattr(cpp_extension, "load", load)
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path))
     a, b = (cpp.Extension(n, qmatmul.SOURCE, ["-O2"], "") for n in ("a", "b"))
     a.build(), b.build(), a.build()
     assert seen[0] == seen[1] == seen[2] == (["-O2", *cpp.OPENMP], cpp.OPENMP) and cpp.OPENMP == ["-fopenmp"]
@@ -184,7 +187,7 @@ def test_load_all_builds_the_uncached_kernels_side_by_side(monkeypatch, tmp_path
     timeout and fails). A cached kernel is only loaded (torch's load() finds its build: no barrier here)."""
     import threading
 
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path))
     kernels = [cpp.Extension(f"k{i}", qmatmul.SOURCE, [f"-DK{i}"], "") for i in range(5)]
     kernels[0].folder().mkdir(parents=True)
     (kernels[0].folder() / "k0.so").touch()  # cached

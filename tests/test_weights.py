@@ -226,14 +226,24 @@ def test_a_gguf_pair_runs_on_blocks_and_greedy_equals_autoregressive(cache_env):
 # The cache
 
 
-def test_cache_clear_all_deletes_the_built_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    built = tmp_path / "kernels" / "qmatmul-0123456789abcdef"
+@pytest.mark.parametrize("where", ["kernels", "SPECDEC_KERNEL_CACHE"])
+def test_cache_clear_all_deletes_the_built_kernels(tmp_path, monkeypatch, where):
+    """The kernels live in the cache's kernels/ folder, or in $SPECDEC_KERNEL_CACHE when it is set."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "kernels"
+    if where == "SPECDEC_KERNEL_CACHE":
+        folder = tmp_path / "elsewhere"
+        monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(folder))
+        (tmp_path / "cache" / "kernels").mkdir(parents=True)  # not the kernels' folder now: left alone
+    else:
+        monkeypatch.delenv("SPECDEC_KERNEL_CACHE", raising=False)
+    built = folder / "qmatmul-0123456789abcdef"
     built.mkdir(parents=True)
     (built / "specdec_qmatmul.so").write_bytes(b"x" * 1000)
     r = runner.invoke(app, ["cache", "clear", "--all"])
     assert r.exit_code == 0, r.output
-    assert not (tmp_path / "kernels").exists() and "built kernels" in r.output
+    assert not folder.exists() and "built kernels" in r.output
+    assert (tmp_path / "cache" / "kernels").exists() == (where == "SPECDEC_KERNEL_CACHE")
     r = runner.invoke(app, ["cache", "clear", "--all"])  # nothing left: nothing said about kernels
     assert r.exit_code == 0 and "kernels" not in r.output
 

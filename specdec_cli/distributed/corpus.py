@@ -123,7 +123,7 @@ def records(ray, task: str, options: DecodeOptions, inputs: list[str], pool: Poo
     _quiet(ray)
     # a Ray batch is a decoding batch (--batch-size inputs decoded together), no larger than gives every actor work
     batch = max(1, min(options.batch_size, math.ceil(len(inputs) / pool.actors)))
-    env = {k: os.environ[k] for k in ("SPECDEC_CACHE", "SPECDEC_DEBUG") if k in os.environ}
+    env = {k: os.environ[k] for k in ("SPECDEC_CACHE", "SPECDEC_KERNEL_CACHE", "SPECDEC_DEBUG") if k in os.environ}
     ds = ray.data.from_items([{"input": p} for p in inputs], override_num_blocks=max(1, math.ceil(len(inputs) / batch)))
     ds = ds.map_batches(
         STAGES[task], batch_size=batch, batch_format="numpy",

@@ -5,7 +5,8 @@ Layout (root = $SPECDEC_CACHE, else platformdirs' user cache dir for "specdec", 
     <root>/models/<key>/                one complete model: config.json, model.safetensors, tokenizer files,
                                         and specdec.json (the marker, written last: no marker, no entry)
     <root>/models/.tmp-<key>-<pid>-*/   an entry being written (or removed) by process <pid>
-    <root>/kernels/qmatmul-<hash>/       the GGUF matmul built at first use (kernels/qmatmul.py), rebuilt when missing
+    <root>/kernels/<name>-<hash>/       a C++ kernel built at first use (kernels/cpp.py), rebuilt when missing
+                                        ($SPECDEC_KERNEL_CACHE, when set, holds them instead)
 
 An entry is written in a temporary sibling directory and renamed into place, so a reader never sees half a
 model; when two processes race, the first rename wins and the other's copy is thrown away. The marker
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels.cpp import cache_root  # the cache directory, defined where the kernels need it too
+from specdec_cli.kernels.cpp import cache_root, kernels_dir  # the cache directories, defined where kernels need them
 
 MARKER = "specdec.json"
 SAMPLE, SAMPLE_EVERY, WHOLE = 4096, 1 << 20, 64 << 20  # the quick check: 4 KiB of every MiB past 64 MiB
@@ -50,12 +51,8 @@ def models_dir() -> Path:
     return cache_root() / "models"
 
 
-def kernels_dir() -> Path:
-    return cache_root() / "kernels"
-
-
 def remove_kernels() -> int:
-    """Delete the kernels built at first use (<root>/kernels); returns the bytes freed (0 when there were none)."""
+    """Delete the kernels built at first use (kernels_dir()); returns the bytes freed (0 when there were none)."""
     folder = kernels_dir()
     if not folder.is_dir():
         return 0
