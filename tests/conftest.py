@@ -34,7 +34,8 @@ def pytest_sessionstart(session):
     """Every C++ kernel loaded before collection (which loads some: module-level skipifs), those not in the cache
     built a core each (a fresh clone's seven builds took ~5 min one after another on 2 cores, 3 side by side). Loaded
     once from this cache, a kernel is not built again where a test points SPECDEC_CACHE elsewhere (a fixture's
-    model cache: the 74 s timestamps test spent ~4 of its 5 min building five kernels there)."""
+    model cache: the 74 s timestamps test spent ~4 of its 5 min building five kernels there); SPECDEC_KERNEL_CACHE
+    names this cache's kernels for the processes tests start (Ray actors, CLI runs: ~2 min of builds each)."""
     import importlib
     import pkgutil
 
@@ -43,6 +44,7 @@ def pytest_sessionstart(session):
 
     for m in pkgutil.iter_modules(kernels.__path__):
         importlib.import_module(f"specdec_cli.kernels.{m.name}")
+    os.environ["SPECDEC_KERNEL_CACHE"] = str(cpp.kernels_dir().resolve())
     cpp.load_all()
 
 
@@ -84,6 +86,12 @@ def one_torch_thread():
 ROOT = Path(__file__).resolve().parent.parent  # the source tree
 # Where the Triton kernels run: compiled on a GPU, under the interpreter on a CPU (SPECDEC_TEST_DEVICE overrides)
 DEVICE = os.environ.get("SPECDEC_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+# A Triton kernel's own draws, counted: on a GPU. Under the interpreter (~25–90 ms a sequence) the 1 500 draws that
+# fit a test (~2 min each on a 2-core Zen 3) could only catch a TV above 0.06; there the kernel's decisions equal the
+# torch path's on the same randomness (tests/test_verify.py, test_one_hot.py), and the torch path's 200 000 draws are
+# counted against the target.
+ON_GPU_ONLY = pytest.mark.skipif(DEVICE == "cpu", reason="a Triton kernel's draws counted: compiled on a GPU only "
+                                 "(on a CPU its decisions equal the torch path's, whose draws are counted)")
 
 
 def on_device(kernel):

@@ -430,7 +430,7 @@ def smollm2_articles(smollm2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft", ["self:24", "lookup", "lookup+self:24"])
+@pytest.mark.parametrize("draft", ["lookup", "lookup+self:24"])  # self:24 drafts wherever lookup finds nothing
 def test_bf16_greedy_equals_autoregressive_on_every_example_article(smollm2, smollm2_articles, draft):
     from specdec_cli.tasks import summarize as task
 

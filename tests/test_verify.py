@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import DEVICE, on_device
+from conftest import DEVICE, ON_GPU_ONLY, on_device
 from specdec_cli.bench.metrics import chi_square_p
 from specdec_cli.decoding.verify import verify, verify_greedy
 from specdec_cli.errors import NonFiniteLogitsError
@@ -153,22 +153,13 @@ def assert_fits_target(freq, p, n, what):
         assert pvalue > 1e-4, f"{what}: chi-square p = {pvalue:.2e}"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("pair", ["random"] if DEVICE == "cpu" else list(PAIRS))
+@ON_GPU_ONLY
+@pytest.mark.parametrize("pair", PAIRS)
 def test_exact_triton_reproduces_target_distribution(pair):
-    # compiled on a GPU: 200 000 draws by the kernel itself, the thresholds of the torch path's test.
-    # Under the interpreter (~25 ms a sequence) 1 500 draws, TV < 0.06 (expected ≈ 0.02); with the
-    # decision-for-decision equality above, the torch path's 200 000 draws carry over.
+    # 200 000 draws by the compiled kernel, the torch path's thresholds
     p, q = PAIRS[pair]
-    n = 1500 if DEVICE == "cpu" else 200_000
-    freq = first_token_frequencies(verify_exact_triton, p, q, n, seed=5)
-    p = torch.tensor(p, dtype=torch.float64)
-    tv = 0.5 * (freq - p).abs().sum().item()
-    assert tv < (0.06 if DEVICE == "cpu" else 0.005), f"{pair}: TV {tv:.4f}"
-    assert freq[p == 0].sum() == 0, f"{pair}: a token the target gives probability 0 was emitted"
-    support = p > 0
-    if DEVICE != "cpu" and support.sum() > 1:
-        assert chi_square_p(freq[support] * n, p[support] * n) > 1e-4
+    n = 200_000
+    assert_fits_target(first_token_frequencies(verify_exact_triton, p, q, n, seed=5), p, n, pair)
 
 
 # the bonus row's p of each class of rows (V = 6): each its own favourite token; the draft rows before it favour
