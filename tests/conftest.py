@@ -48,6 +48,13 @@ def pytest_sessionstart(session):
     cpp.load_all()
 
 
+def pytest_collection_finish(session):
+    """The kernels test modules made at import (builds for other CPU levels), built side by side before any test."""
+    from specdec_cli.kernels import cpp
+
+    cpp.load_all()
+
+
 @contextlib.contextmanager
 def torch_threads(n: int):
     """torch's thread count set to n for the block, restored after."""

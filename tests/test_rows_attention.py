@@ -4,8 +4,6 @@ builds for AVX2 and for plain x86-64 (the paths other CPUs run), and the fallbac
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -21,14 +19,17 @@ SHAPES = [(1, 12, 2, 128), (2, 4, 1, 64), (1, 7, 7, 80), (1, 14, 2, 72), (2, 12,
           (1, 40, 1, 32)]
 
 
-@functools.cache
+# the kernel built for other x86-64 levels: x86-64-v3 (AVX2 and FMA, no AVX-512: its two-ymm lanes), x86-64 (SSE2:
+# the plain loops other CPUs run). Made at import, so the session builds them with the others, side by side
+# (conftest.pytest_collection_finish), not one after another inside the first test (~40 s each on 2 cores)
+LEVELS = {march: cpp.Extension(f"rows_attention_{march}", rows_attention.SOURCE,
+                               ["-O3", f"-march={march}", "-ffp-contract=off", "-std=c++17"], "")
+          for march in ("x86-64-v3", "x86-64")}
+
+
 def built_for(march: str):
-    """The kernel built for another x86-64 level: x86-64-v3 (AVX2 and FMA, no AVX-512: its two-ymm lanes),
-    x86-64 (SSE2: the plain loops other CPUs run)."""
-    kernel = cpp.Extension(f"rows_attention_{march}", rows_attention.SOURCE,
-                           ["-O3", f"-march={march}", "-ffp-contract=off", "-std=c++17"], "")
-    module = kernel.module()
-    assert module is not None, kernel.error
+    module = LEVELS[march].module()
+    assert module is not None, LEVELS[march].error
     return module.attend
 
 
