@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -67,7 +68,8 @@ class Extension:
         import torch
 
         text = b"".join(f.read_bytes() for f in [self.source, *self.headers()])
-        text += f"|{torch.__version__}|{sys.version_info[:2]}|{self.cflags}|{cpu_flags()}".encode()
+        torch_dir = Path(torch.__file__).parent  # its headers and libraries: another venv's torch builds apart
+        text += f"|{torch.__version__}|{torch_dir}|{sys.version_info[:2]}|{self.cflags}|{cpu_flags()}".encode()
         return hashlib.sha256(text).hexdigest()[:16]
 
     def folder(self) -> Path:
@@ -83,6 +85,7 @@ class Extension:
 
         where = self.folder()
         where.mkdir(parents=True, exist_ok=True)
+        source = self.staged(where)
         import logging
 
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
@@ -90,8 +93,21 @@ class Extension:
         # fresh lists: load() appends torch's libraries to the ones it is given, and a shared list would carry them
         # into the next kernel's command, so a kernel's command (which ninja rebuilds on) would depend on the kernels
         # built before it in the process: alternating commands rebuilt one kernel after another (~1 min each)
-        return cpp_extension.load(name=name, sources=[str(self.source)], build_directory=str(where),
+        return cpp_extension.load(name=name, sources=[str(source)], build_directory=str(where),
                                   extra_cflags=[*self.cflags, *OPENMP], extra_ldflags=list(OPENMP), verbose=False)
+
+    def staged(self, where: Path) -> Path:
+        """The source and its headers copied into the build folder `where` (once: the key holds their text), so the
+        build's command names the same file wherever specdec is installed. ninja rebuilds when the command changes:
+        naming the checkout's file, a second install of the same sources (make gpu's build/gpu, a Ray actor's, a
+        test's) rebuilt the cached kernels, each install undoing the other's (~1 min each on 2 cores)."""
+        for f in [self.source, *self.headers()]:
+            copy = where / f.name
+            if not copy.exists():  # never rewritten: a new mtime would rebuild
+                part = where / f".{f.name}.{os.getpid()}.{threading.get_ident()}"
+                shutil.copyfile(f, part)
+                os.replace(part, copy)
+        return where / self.source.name
 
     def module(self):
         """The built module, or None when it cannot be built here (said once, on stderr)."""

@@ -181,6 +181,33 @@ def test_a_kernels_build_command_does_not_depend_on_the_kernels_built_before_it(
     assert seen[0] == seen[1] == seen[2] == (["-O2", *cpp.OPENMP], cpp.OPENMP) and cpp.OPENMP == ["-fopenmp"]
 
 
+def test_a_second_install_of_the_same_sources_builds_nothing_again(monkeypatch, tmp_path):
+    """A build compiles its folder's copy of the source and headers, so another install of the same text (make gpu's
+    build/gpu, a second clone) gives the same command and finds that build. Naming the install's own file, the
+    command changed with the install and ninja rebuilt the kernel for each in turn (the suite's make gpu test rebuilt
+    five kernels, then the Ray actors rebuilt them back)."""
+    from torch.utils import cpp_extension
+
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: seen.append(kw["sources"]))
+    monkeypatch.setenv("SPECDEC_KERNEL_CACHE", str(tmp_path / "kernels"))
+    installs = []
+    for where in ("checkout", "build-gpu"):
+        (tmp_path / where).mkdir()
+        for f in [qmatmul.SOURCE, *qmatmul.KERNEL.headers()]:
+            shutil.copy(f, tmp_path / where / f.name)
+        installs.append(cpp.Extension("qmatmul", tmp_path / where / qmatmul.SOURCE.name, ["-O3"], ""))
+    a, b = installs
+    assert a.folder() == b.folder()
+    a.build()
+    copy = a.folder() / qmatmul.SOURCE.name
+    stamp = copy.stat().st_mtime_ns
+    b.build()
+    assert seen == [[str(copy)], [str(copy)]]
+    assert copy.read_bytes() == qmatmul.SOURCE.read_bytes() and copy.stat().st_mtime_ns == stamp  # not rewritten
+    assert all((a.folder() / h.name).read_bytes() == h.read_bytes() for h in qmatmul.KERNEL.headers())
+
+
 def test_load_all_builds_the_uncached_kernels_side_by_side(monkeypatch, tmp_path):
     """load_all builds what the cache lacks, `workers` builds at once, then loads the rest: two builds that must
     meet at a barrier both finish only when they run side by side (one after another, the first waits out the
