@@ -1,9 +1,8 @@
 """C++ kernels built at first use with torch.utils.cpp_extension (a C++ compiler is needed then; no network) and
 cached under <kernels_dir()>/<name>-<key>: $SPECDEC_KERNEL_CACHE, else the kernels/ folder of the model cache
-($SPECDEC_CACHE, else the user cache dir). The key names the hash of
-the source and the headers it includes, torch's and Python's versions, the compiler flags and the CPU's flags, so a
-machine never loads another's build. A failed build says so in one line, once, and the caller's fallback runs
-instead.
+($SPECDEC_CACHE, else the user cache dir). The key names the hash of the source and the headers it includes, torch's
+version and folder, Python's version, the compiler flags and the CPU's flags, so a machine never loads another's
+build. A failed build says so in one line, once, and the caller's fallback runs instead.
 """
 
 from __future__ import annotations
