@@ -5,7 +5,8 @@ tasks.transcribe.joined_librivox) and its reference. Contenders (greedy, English
 
     specdec default             `specdec transcribe` with the CLI's defaults (exact, the self draft, four 30 s windows
                                 decoded together)
-    specdec --batch-size 1      the same, one window at a time (the default before 2026-11-27)
+    specdec --no-encoder-int8   the same with the encoder's linears in the model's dtype (the default before
+                                2026-11-29)
     specdec autoregressive b4   the target alone, batch 4
     specdec --target-int8 b4    the int8 target (decoder and output layer: models/int8.py) with its self draft, batch 4
     specdec --target-int8 autoregressive b4   the int8 target alone, batch 4
@@ -42,16 +43,17 @@ def specdec_contenders(audio) -> dict:
     opts = TranscribeOptions()
     target, draft = task.load_pair(opts, progress=False)
     target8, draft8 = task.load_pair(opts.replace(target_int8=True), progress=False)
+    plain = task.load_pair(opts.replace(encoder_int8=False), progress=False)
 
-    def specdec(int8=False, **overrides):
-        t, d = (target8, draft8) if int8 else (target, draft)
+    def specdec(int8=False, float_encoder=False, **overrides):
+        t, d = (target8, draft8) if int8 else plain if float_encoder else (target, draft)
 
         def run() -> str:
             return task.transcribe(t, d if overrides.get("mode") != "autoregressive" else None, ["long"],
                                    opts, audios=[audio], **overrides)[0].text
         return run
 
-    return {"specdec default": specdec(), "specdec --batch-size 1": specdec(batch_size=1),
+    return {"specdec default": specdec(), "specdec --no-encoder-int8": specdec(float_encoder=True),
             "specdec autoregressive b4": specdec(mode="autoregressive", batch_size=4),
             "specdec --target-int8 b4": specdec(int8=True, batch_size=4),
             "specdec --target-int8 autoregressive b4": specdec(int8=True, mode="autoregressive", batch_size=4)}

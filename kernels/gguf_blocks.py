@@ -170,7 +170,7 @@ def random_blocks(qtype, N: int, K: int, seed: int = 0, scale: float = 0.02) -> 
 # Quantizing a float weight into blocks (--target-quant int8 | int4 for a model that has no GGUF): llama.cpp's
 # reference quantizers (ggml-quants.c, as gguf.quants writes them in numpy), bit for bit.
 
-QUANTIZABLE = ("q8_0", "q4_1")
+QUANTIZABLE = ("q8_0", "q4_1", "q6_k")  # q6_k: not llama.cpp's bytes (_q6_k_rows), the same kind of search
 
 
 def _roundf(x: torch.Tensor) -> torch.Tensor:
@@ -202,14 +202,50 @@ def _quantize_rows(name: str, w: torch.Tensor) -> torch.Tensor:
     return torch.cat([_f16_bytes(d.squeeze(-1)), _f16_bytes(lo.squeeze(-1)), qs], -1)
 
 
+def _q6_k_rows(w: torch.Tensor) -> torch.Tensor:
+    """w [n, K] fp32 (K a multiple of 256) -> [n, K / 256, 210] uint8. Each sub-block of 16 gets the scale s that
+    minimizes Σ x²·(x − s·q)² over q = round(x / s) in [−32, 31], s tried at −(32 + c/10) / the signed element of
+    largest |x| for c in −6, −3, 0, 3, 6 (llama.cpp tries −9..9: 1.77 % rel. L2 error against these 1.79 % on
+    Gaussian weights, at 4× the time); the block's 16 scales are then int8 multiples of d (the largest at −128),
+    and each q is rounded again to its int8 scale."""
+    n, K = w.shape
+    x = w.reshape(n, K // 256, 16, 16)
+    peak = x.gather(-1, x.abs().argmax(-1, keepdim=True))  # [n, g, 16, 1]: the signed element of largest |x|
+    safe = torch.where(peak == 0, torch.ones(()), peak)
+    wt = x * x
+    best_s, best = torch.zeros_like(peak), torch.full_like(peak, -1.0)
+    for c in (-6, -3, 0, 3, 6):
+        q = torch.round(x * (-(32 + c / 10) / safe)).clamp_(-32, 31)
+        lx, l2 = (wt * x * q).sum(-1, keepdim=True), (wt * q * q).sum(-1, keepdim=True)
+        score = torch.where(l2 > 0, lx * lx / l2.clamp(min=1e-30), torch.full_like(l2, -1.0))
+        better = score > best
+        best_s = torch.where(better, lx / l2.clamp(min=1e-30), best_s)
+        best = torch.where(better, score, best)
+    s = best_s.squeeze(-1)  # [n, g, 16]
+    top = s.gather(-1, s.abs().argmax(-1, keepdim=True))  # [n, g, 1]
+    d = torch.where(top == 0, torch.zeros(()), top / -128).to(torch.float16).float()  # the block's fp16 d
+    sc = torch.where(d == 0, torch.zeros(()), torch.round(s / torch.where(d == 0, torch.ones(()), d)))
+    sc = sc.clamp_(-128, 127)
+    step = (d * sc).unsqueeze(-1)  # [n, g, 16, 1]: what one unit of q is worth
+    q = torch.where(step == 0, torch.zeros(()), torch.round(x / torch.where(step == 0, torch.ones(()), step)))
+    q = (q.clamp_(-32, 31) + 32).to(torch.uint8).reshape(n, K // 256, 2, 4, 32)  # [.., half h, s, l]: 128h + 32s + l
+    lo, hi = q & 15, q >> 4
+    ql = torch.cat([lo[..., 0, :] | (lo[..., 2, :] << 4), lo[..., 1, :] | (lo[..., 3, :] << 4)], -1)  # [.., h, 64]
+    qh = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)  # [.., h, 32]
+    return torch.cat([ql.reshape(n, K // 256, 128), qh.reshape(n, K // 256, 64),
+                      sc.to(torch.int8).view(torch.uint8), _f16_bytes(d.squeeze(-1))], -1)
+
+
 def quantize(qtype, w: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """A float weight [N, K] (K a multiple of 32) in blocks of `qtype` (q8_0: int8 and one fp16 scale per 32 weights;
-    q4_1: four bits, one fp16 scale and minimum per 32) -> [N, row_bytes] uint8, the bytes llama.cpp would write."""
+    """A float weight [N, K] (K a multiple of 32; of 256 for q6_k) in blocks of `qtype` (q8_0: int8 and one fp16
+    scale per 32 weights; q4_1: four bits, one fp16 scale and minimum per 32: the bytes llama.cpp would write; q6_k:
+    six bits, an int8 scale per 16, one fp16 d per 256) -> [N, row_bytes] uint8."""
     name = type_name(qtype)
     if name not in QUANTIZABLE:
         raise KeyError(f"{name}: only {', '.join(QUANTIZABLE)} are quantized here")
     N, K = w.shape
     row_bytes(name, K)  # K % 32
-    out = [_quantize_rows(name, w[n0:n0 + chunk].detach().float()).reshape(min(chunk, N - n0), -1)
+    rows = _q6_k_rows if name == "q6_k" else lambda w: _quantize_rows(name, w)
+    out = [rows(w[n0:n0 + chunk].detach().float()).reshape(min(chunk, N - n0), -1)
            for n0 in range(0, N, chunk)]
     return torch.cat(out) if out else torch.empty(0, row_bytes(name, K), dtype=torch.uint8)

@@ -95,12 +95,17 @@ def prompt_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int,
     N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL naming a path."""
     if gb.type_name(qtype) not in PROMPT_TYPES or N % 16 or x.dtype not in (torch.float32, torch.bfloat16):
         return None
+    if not prompt_runs():
+        return None
+    return extension().mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias)
+
+
+def prompt_runs() -> bool:
+    """Whether prompt_mm's kernel runs here: built, on a CPU with AVX2 or AVX-512 VNNI, no path forced."""
     if _forced() != "auto":
-        return None
+        return False
     ext = extension()
-    if ext is None or ext.best_path() < PATHS["avx2"]:
-        return None
-    return ext.mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias)
+    return ext is not None and ext.best_path() >= PATHS["avx2"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -296,6 +296,14 @@ class TranscribeOptions(DecodeOptions):
                                "may differ from the default's; speculative decoding then reproduces the int8 "
                                "target's own output).")
 
+    # The encoder's linears as int8 products (models/int8.py: Q6_K weights, activations in int8 per 256 inside
+    # qmatmul's prompt kernel): 2026-11-29, AMD EPYC Zen 3, 2 threads, fp32 model: see benchmarks/README.md. Every
+    # mode reads the same encoder output: speculative output still equals autoregressive.
+    encoder_int8: bool = option(True, "Run the encoder's linear layers as int8 products on a CPU with AVX2 or AVX-512 "
+                                "VNNI (six-bit weights, int8 activations): about twice as fast there, and no longer "
+                                "the unmodified model (judged by WER; --no-encoder-int8 keeps it).",
+                                flag="--encoder-int8/--no-encoder-int8")
+
     def __post_init__(self):
         object.__setattr__(self, "language", (self.language or "auto").strip().lower())
         if self.output_format in TIMED_FORMATS:

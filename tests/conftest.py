@@ -459,17 +459,20 @@ def tiny_processor(extra_tokens: list[str] = (), mels: int = 80):
 
 
 def save_tiny_whisper(path: Path, seed: int = 0, decoder_layers: int = 3, extra_tokens: list[str] = (), *,
-                      mels: int = 80, vocab: int | None = None, encoder_of: Path | None = None) -> Path:
+                      mels: int = 80, vocab: int | None = None, encoder_of: Path | None = None,
+                      d_model: int = 32) -> Path:
     """A tiny random Whisper saved as a user's own. vocab: its output rows (default: the tokenizer's; Whisper's
     real sizes, 51 864 English-only, 51 865 multilingual, 51 866 large-v3, pad the tokenizer's ids); encoder_of: a
-    saved Whisper whose encoder weights it takes (a distil-style draft: its own short decoder, the same encoder)."""
+    saved Whisper whose encoder weights it takes (a distil-style draft: its own short decoder, the same encoder);
+    d_model 256 or more: heads 64 wide (the encoder's linears then take --encoder-int8)."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     processor = tiny_processor(extra_tokens, mels)
     tok = processor.tokenizer
     config = WhisperConfig(
-        vocab_size=vocab or len(tok), d_model=32, encoder_layers=1, decoder_layers=decoder_layers,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        vocab_size=vocab or len(tok), d_model=d_model, encoder_layers=1, decoder_layers=decoder_layers,
+        encoder_attention_heads=max(2, d_model // 64), decoder_attention_heads=max(2, d_model // 64),
+        encoder_ffn_dim=64, decoder_ffn_dim=64,
         num_mel_bins=mels, max_source_positions=1500,
         max_target_positions=64, init_std=0.3,  # clear argmax margins: greedy never flips on rounding
         decoder_start_token_id=tok.convert_tokens_to_ids("<|startoftranscript|>"), eos_token_id=tok.eos_token_id,

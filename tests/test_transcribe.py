@@ -301,8 +301,9 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     """On a CPU, load_pair builds (or loads from the cache) the C++ kernels the steps will run, so that no
     recording's time holds a build (the demo's recording took 36 s instead of 0.4 with an empty kernel cache):
     rows_attention always, int8_rows where the target's int8 rows or a lean draft's int4 / int8 weights run (alone or
-    after lookup), lean_layers where a lean draft's quantized layers run, float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8), frames_attention
-    (the encoder's) where the CPU has its AVX2 or AVX-512 path."""
+    after lookup), qmatmul for the encoder's linears (--encoder-int8, the default), lean_layers where a lean draft's
+    quantized layers run, float_rows where the target's decoder linears are fp32 or bf16 (not --target-int8),
+    frames_attention (the encoder's) where the CPU has its AVX2 or AVX-512 path."""
     from specdec_cli.kernels import frames_attention
     from specdec_cli.options import TranscribeOptions
 
@@ -313,13 +314,13 @@ def test_loading_builds_the_kernels_a_step_runs(tiny_dir, monkeypatch, target_in
     frames = ["frames_attention"] if frames_attention.cpu_takes() else []
     _, draft = T.load_pair(opts.replace(target_int8=target_int8), progress=False)
     assert draft.lean.weights == "int4"  # the lean self draft's default, with the int8 target too
-    assert built == ["rows_attention", "int8_rows", "lean_layers", *floats, *frames]
+    assert built == ["rows_attention", "int8_rows", "qmatmul", "lean_layers", *floats, *frames]
     built.clear()
-    T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False), progress=False)
+    T.load_pair(opts.replace(target_int8=target_int8, draft_quantized=False, encoder_int8=False), progress=False)
     assert built == (["rows_attention", "int8_rows"] if target_int8 else ["rows_attention", "float_rows"]) + frames
     built.clear()
     T.load_pair(opts.replace(target_int8=target_int8, draft="lookup+self"), progress=False)  # the lean draft inside
-    assert built == ["rows_attention", "int8_rows", "lean_layers", *floats, *frames]
+    assert built == ["rows_attention", "int8_rows", "qmatmul", "lean_layers", *floats, *frames]
 
 
 def test_a_lone_row_is_computed_as_the_first_of_two():
@@ -608,6 +609,29 @@ def test_base_wer_on_librivox(base, speech):
 
 @pytest.mark.slow
 @needs_speech
+def test_base_encoder_int8_keeps_the_words(base, speech):
+    """--encoder-int8 (the CLI's default) on Whisper base, autoregressive: the LibriVox clips' WER no more than a
+    point above the unmodified encoder's, and over every clip and card at most 5 % of the words differ from the
+    unmodified transcripts (measured: none on these, nor on the 74 s and 297 s recordings)."""
+    import dataclasses
+
+    from specdec_cli.kernels import qmatmul
+    from specdec_cli.models import int8
+
+    files, audios, ar = speech
+    q = dataclasses.replace(base, model=copy.deepcopy(base.model))
+    if not int8.quantize_encoder(q.model.model.encoder):
+        pytest.skip(f"qmatmul's prompt kernel does not run here ({qmatmul.backend_line()})")
+    out = T.transcribe(q, None, files, audios=audios, mode="autoregressive")
+    refs = [r for _, r in CLIPS]
+    assert wer([t.text for t in out[: len(CLIPS)]], refs) <= wer([t.text for t in ar[: len(CLIPS)]], refs) + 0.01
+    moved = wer([t.text for t in out], [t.text for t in ar])
+    print(f"\n--encoder-int8: {moved:.2%} of the words moved")
+    assert moved <= 0.05
+
+
+@pytest.mark.slow
+@needs_speech
 @pytest.mark.parametrize("draft, mode, gamma, min_acceptance", [
     ("self", "exact", 1, 0.6), ("self", "exact", 3, 0.6), ("self", "exact", 8, 0.6), ("self", "baseline", 5, 0.6),
     ("self:4", "exact", 4, 0.0),
@@ -664,6 +688,48 @@ def test_base_cli_default_models(base, session_model_cache, monkeypatch):
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
     assert wer(obj["text"], ref) <= 0.2 and obj["mode"] == "exact" and obj["stats"]["draft_tokens"] > 0
+
+
+def test_encoder_int8_puts_the_encoders_linears_on_q6_k_blocks(tmp_path, speech_wav, monkeypatch):
+    """--encoder-int8 (the default): the encoder's linears whose input is a multiple of 256 long go on Q6_K blocks
+    of their weights (models/int8.py), multiplied by qmatmul's prompt kernel over the frames; the others, the
+    decoder and a --no-encoder-int8 load stay as they are; greedy speculative output still equals autoregressive
+    (both read the same encoder output); where the prompt kernel does not run (a path forced), nothing changes."""
+    from torch import nn
+
+    from specdec_cli.kernels import gguf_blocks, qmatmul
+    from specdec_cli.models.gguf_linear import GgufLinear
+    from specdec_cli.options import TranscribeOptions
+
+    wide = save_tiny_whisper(tmp_path / "wide", d_model=256)  # q, k, v, o, fc1 256 wide; fc2 64
+    opts = TranscribeOptions(target=str(wide), dtype="float32", device="cpu", draft_vocab=150, language="en",
+                             max_new_tokens=8, no_speech_threshold=1.0, gamma=3)
+    plain, _ = T.load_pair(opts.replace(encoder_int8=False), progress=False)
+    q, draft = T.load_pair(opts, progress=False)
+    kinds = lambda m: {n.rsplit(".", 1)[-1]: type(x) for n, x in m.named_modules() if type(x) in (nn.Linear, GgufLinear)}  # noqa: E731
+    assert set(kinds(plain.model.model.encoder).values()) == {nn.Linear}
+    assert set(kinds(q.model.model.decoder).values()) == {nn.Linear}
+    if not qmatmul.prompt_runs():
+        assert set(kinds(q.model.model.encoder).values()) == {nn.Linear}
+        pytest.skip(f"qmatmul's prompt kernel does not run here ({qmatmul.backend_line()}): the encoder stays")
+    enc = kinds(q.model.model.encoder)
+    assert {n for n, t in enc.items() if t is GgufLinear} == {"q_proj", "k_proj", "v_proj", "out_proj", "fc1"}
+    assert enc["fc2"] is nn.Linear
+    layer, before = q.model.model.encoder.layers[0].fc1, plain.model.model.encoder.layers[0].fc1
+    assert layer.qtype == "q6_k" and torch.equal(layer.blocks, gguf_blocks.quantize("q6_k", before.weight))
+    x = torch.randn(1, 1500, 256)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), qmatmul.prompt_mm(x, layer.blocks, "q6_k", 64, 256, before.bias))
+        feats = torch.randn(1, 80, 3000)
+        a, b = plain.model.model.encoder(feats).last_hidden_state, q.model.model.encoder(feats).last_hidden_state
+    assert not torch.equal(a, b) and (b - a).norm() / a.norm() < 0.1  # 6-bit weights, int8 activations per 256
+    kw = dict(audios=[load_audio(speech_wav)], max_new_tokens=8, no_speech_threshold=1.0, language="en")
+    ar = T.transcribe(q, None, ["x"], mode="autoregressive", **kw)[0]
+    sp = T.transcribe(q, draft, ["x"], mode="exact", gamma=3, **kw)[0]
+    assert sp.text == ar.text and sp.stats.draft_tokens > 0
+    monkeypatch.setenv("SPECDEC_QMATMUL", "portable")  # no prompt kernel: the encoder stays
+    forced, _ = T.load_pair(opts, progress=False)
+    assert set(kinds(forced.model.model.encoder).values()) == {nn.Linear}
 
 
 def test_target_int8_quantizes_the_decoder_and_stays_close(tiny_dir, speech_wav):

@@ -60,8 +60,9 @@ from specdec_cli.decoding import (
     rows_share,
 )
 from specdec_cli.decoding.exact_rows import takes_kernel
+from specdec_cli.drafts.whisper_model import WhisperDraft
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import float_rows, frames_attention, int8_rows, lean_layers, rows_attention
+from specdec_cli.kernels import float_rows, frames_attention, int8_rows, lean_layers, qmatmul, rows_attention
 from specdec_cli.models import LoadedModel, int8
 from specdec_cli.models.progress import build_kernels
 from specdec_cli.models.whisper import (
@@ -409,20 +410,27 @@ def load_draft(draft_spec: str, target: LoadedModel, options: TranscribeOptions 
 def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedModel, Draft | None]:
     """(target, draft) for `opts`; draft is None for autoregressive, else load_draft's. --target-int8: the
     target's decoder and output linears in int8 (models/int8.py), after the draft took what it copies from the
-    target's weights (a self draft's int4 or int8 layers are its own)."""
+    target's weights (a self draft's int4 or int8 layers are its own). --encoder-int8: the encoder's linears on
+    Q6_K blocks (models/int8.py), the target's and a Whisper draft's that runs its own."""
     target, draft = drafts.load_pair(opts, WHISPER, progress=progress)
     if opts.target_int8:
         if target.device.type != "cpu":
             raise SpecdecError(f"--target-int8 runs on a CPU only (the target is on {target.device})")
-        int8.quantize_linears(target.model.model.decoder)  # the encoder stays: see models/int8.py
+        int8.quantize_linears(target.model.model.decoder)  # the encoder: --encoder-int8
         target.model.proj_out = int8.Int8Linear(target.model.proj_out)
     if target.device.type == "cpu":  # the C++ kernels its steps run, built now: no recording's time holds a build
         lean = getattr(drafts.model_draft(draft), "lean", None)  # a lean self draft's decoder (lookup+self's too)
         lean_rows = getattr(lean, "weights", None) is not None  # int8 or int4 rows
         float_run = takes_kernel(target.model.proj_out)  # its decoder's linears (not int8 ones)
         build_kernels(progress, (rows_attention.KERNEL, *((int8_rows.KERNEL,) if opts.target_int8 or lean_rows else ()),
+                                 *((qmatmul.KERNEL,) if opts.encoder_int8 else ()),
                                  *((lean_layers.KERNEL,) if lean_rows else ()), *((float_rows.KERNEL,) if float_run else ()),
                                  *((frames_attention.KERNEL,) if frames_attention.cpu_takes() else ())))
+    if opts.encoder_int8 and target.device.type == "cpu":  # after the draft checked whether it shares the encoder
+        other = drafts.model_draft(draft)  # a Whisper draft running its own encoder: that one too
+        own = [other.loaded] if isinstance(other, WhisperDraft) and not other.shares_encoder else []
+        for model in (target, *own):
+            int8.quantize_encoder(model.model.model.encoder)
     return target, draft
 
 
