@@ -22,7 +22,9 @@ from specdec_cli.bench.machine import cpu_model
 from specdec_cli.kernels import gguf_blocks as gb
 from specdec_cli.kernels import qmatmul as new
 
-SHAPES = {"q_o": (1536, 1536), "gate_up": (8960, 1536), "down": (1536, 8960)}  # (N, K), as qmatmul_speed.py
+SHAPES = {"q_o": (1536, 1536), "gate_up": (8960, 1536), "down": (1536, 8960),  # (N, K), as qmatmul_speed.py
+          "enc_qkvo": (512, 512), "enc_fc1": (2048, 512), "enc_fc2": (512, 2048)}  # Whisper base's encoder
+
 
 
 def load(path: str):
@@ -36,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", required=True, help="the other checkout's kernels/qmatmul.py")
     ap.add_argument("--types", default="q4_k,q6_k")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default="q_o,gate_up,down", help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--rows", default="1,2,5,9")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=0, help="default: torch's (all cores)")

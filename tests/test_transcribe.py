@@ -620,7 +620,7 @@ def test_base_encoder_int8_keeps_the_words(base, speech):
 
     files, audios, ar = speech
     q = dataclasses.replace(base, model=copy.deepcopy(base.model))
-    if not int8.quantize_encoder(q.model.model.encoder):
+    if not int8.quantize_encoder(q.model.model.encoder, measure=False):
         pytest.skip(f"qmatmul's prompt kernel does not run here ({qmatmul.backend_line()})")
     out = T.transcribe(q, None, files, audios=audios, mode="autoregressive")
     refs = [r for _, r in CLIPS]
@@ -701,6 +701,9 @@ def test_encoder_int8_puts_the_encoders_linears_on_q6_k_blocks(tmp_path, speech_
     from specdec_cli.models.gguf_linear import GgufLinear
     from specdec_cli.options import TranscribeOptions
 
+    from specdec_cli.models import int8
+
+    monkeypatch.setattr(int8, "int8_is_faster", lambda *a: True)  # at these tiny shapes it may not be
     wide = save_tiny_whisper(tmp_path / "wide", d_model=256)  # q, k, v, o, fc1 256 wide; fc2 64
     opts = TranscribeOptions(target=str(wide), dtype="float32", device="cpu", draft_vocab=150, language="en",
                              max_new_tokens=8, no_speech_threshold=1.0, gamma=3)
@@ -727,9 +730,30 @@ def test_encoder_int8_puts_the_encoders_linears_on_q6_k_blocks(tmp_path, speech_
     ar = T.transcribe(q, None, ["x"], mode="autoregressive", **kw)[0]
     sp = T.transcribe(q, draft, ["x"], mode="exact", gamma=3, **kw)[0]
     assert sp.text == ar.text and sp.stats.draft_tokens > 0
+    monkeypatch.setattr(int8, "int8_is_faster", lambda *a: False)  # a CPU whose own product is the faster
+    slower, _ = T.load_pair(opts, progress=False)
+    assert set(kinds(slower.model.model.encoder).values()) == {nn.Linear}
     monkeypatch.setenv("SPECDEC_QMATMUL", "portable")  # no prompt kernel: the encoder stays
     forced, _ = T.load_pair(opts, progress=False)
     assert set(kinds(forced.model.model.encoder).values()) == {nn.Linear}
+
+
+def test_the_encoder_keeps_the_faster_product():
+    """int8_is_faster times both layers on the same frames and says which was the faster."""
+    import time
+
+    from torch import nn
+
+    from specdec_cli.models.int8 import int8_is_faster
+
+    class Slow(nn.Linear):
+        def forward(self, x):
+            time.sleep(0.02)
+            return super().forward(x)
+
+    fast, slow = nn.Linear(256, 16), Slow(256, 16)
+    assert int8_is_faster(slow, fast, frames=8, rounds=1)
+    assert not int8_is_faster(fast, slow, frames=8, rounds=1)
 
 
 def test_target_int8_quantizes_the_decoder_and_stays_close(tiny_dir, speech_wav):

@@ -14,13 +14,16 @@ output layer 51 865 × 512, 1 row 0.58 | 0.57 | 2.8, 11 rows 0.72 | 1.08 | 3.6; 
 (AVX2, AVX-512 VNNI): their weights quantized once at load to Q6_K blocks (six bits, an int8 scale per 16), each
 frame's activations to int8 per 256 inside the kernel (per row and group: Whisper's outlier activations stay in
 their own group; fbgemm's one scale over a whole call moved the encoder's output by 21 %). 1 500 frames of Whisper
-base's shapes in 0.45–0.5 of MKL's fp32 time on an AMD EPYC Zen 3 (2 threads). Every mode reads the same encoder
-output, so speculative output still equals autoregressive.
+base's shapes in 0.46–0.54 of MKL's fp32 time on an AMD EPYC Zen 3 (2 threads; a window's encoder 0.94 → 0.76 s).
+Where a CPU's own bf16 or AMX product may be the faster, the load times the largest layer both ways and keeps the
+faster. Every mode reads the same encoder output, so speculative output still equals autoregressive.
 
 Both change the model: their output is measured against the unmodified one, by WER (benchmarks/README.md).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from torch import nn
@@ -58,19 +61,40 @@ def quantize_linears(module: nn.Module) -> int:
 ENCODER_QUANT = "q6_k"  # the encoder's weights under --encoder-int8 (a type qmatmul.prompt_mm takes)
 
 
-def quantize_encoder(encoder: nn.Module) -> int:
+def quantize_encoder(encoder: nn.Module, frames: int = 1500, measure: bool = True) -> int:
     """Replace every nn.Linear inside a Whisper encoder whose input is a multiple of 256 long and output of 16 by a
-    GgufLinear over ENCODER_QUANT blocks of its weight (its 1 500 frames go through qmatmul.prompt_mm), in place;
-    returns how many: 0 where that kernel does not run (qmatmul.prompt_runs). CPU only."""
+    GgufLinear over ENCODER_QUANT blocks of its weight (its `frames` go through qmatmul.prompt_mm), in place; returns
+    how many. 0 where that kernel does not run (qmatmul.prompt_runs), or where `measure` finds it slower than the
+    layer as it is (int8_is_faster: on CPUs whose bf16 or AMX product outruns int8 on AVX-512 VNNI). CPU only."""
     if not qmatmul.prompt_runs():
         return 0
-    n = 0
+    swaps = []
     for parent in list(encoder.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.in_features % 256 == 0 and child.out_features % 16 == 0:
-                w = child.weight.detach()
-                blocks = gguf_blocks.quantize(ENCODER_QUANT, w)  # [out, row_bytes] uint8
-                setattr(parent, name, GgufLinear(blocks, ENCODER_QUANT, child.in_features, child.out_features,
-                                                 child.bias, dtype=w.dtype))
-                n += 1
-    return n
+                blocks = gguf_blocks.quantize(ENCODER_QUANT, child.weight.detach())  # [out, row_bytes] uint8
+                swaps.append((parent, name, child, GgufLinear(blocks, ENCODER_QUANT, child.in_features,
+                                                              child.out_features, child.bias, dtype=child.weight.dtype)))
+    if not swaps:
+        return 0
+    _, _, dense, q = max(swaps, key=lambda swap: swap[2].weight.numel())  # the largest layer decides for all
+    if measure and not int8_is_faster(dense, q, frames):
+        return 0
+    for parent, name, _, q in swaps:
+        setattr(parent, name, q)
+    return len(swaps)
+
+
+def int8_is_faster(dense: nn.Linear, q: nn.Module, frames: int, rounds: int = 3) -> bool:
+    """Whether `q` multiplies `frames` rows of the layer's input faster than `dense` does (one warm call each, then
+    the best of `rounds`, alternated): a few tenths of a second at load for Whisper base."""
+    x = torch.randn(1, frames, dense.in_features, dtype=dense.weight.dtype)
+    best = {dense: float("inf"), q: float("inf")}
+    with torch.inference_mode():
+        for r in range(rounds + 1):
+            for layer in best:
+                t0 = time.perf_counter()
+                layer(x)
+                if r:
+                    best[layer] = min(best[layer], time.perf_counter() - t0)
+    return best[q] < best[dense]
