@@ -698,10 +698,9 @@ def test_encoder_int8_puts_the_encoders_linears_on_q6_k_blocks(tmp_path, speech_
     from torch import nn
 
     from specdec_cli.kernels import gguf_blocks, qmatmul
+    from specdec_cli.models import int8
     from specdec_cli.models.gguf_linear import GgufLinear
     from specdec_cli.options import TranscribeOptions
-
-    from specdec_cli.models import int8
 
     monkeypatch.setattr(int8, "int8_is_faster", lambda *a: True)  # at these tiny shapes it may not be
     wide = save_tiny_whisper(tmp_path / "wide", d_model=256)  # q, k, v, o, fc1 256 wide; fc2 64
