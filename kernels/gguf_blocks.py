@@ -167,10 +167,11 @@ def random_blocks(qtype, N: int, K: int, seed: int = 0, scale: float = 0.02) -> 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Quantizing a float weight into blocks (--target-quant int8 | int4 for a model that has no GGUF): llama.cpp's
-# reference quantizers (ggml-quants.c, as gguf.quants writes them in numpy), bit for bit.
+# Quantizing a float weight into blocks: --target-quant int8 | int4 for a model that has no GGUF (Q8_0, Q4_1:
+# llama.cpp's reference quantizers, as gguf.quants writes them in numpy, bit for bit), and transcribe's
+# --encoder-int8 (Q6_K: the same kind of search as llama.cpp's, not its bytes; gguf.quants has no Q6_K quantizer).
 
-QUANTIZABLE = ("q8_0", "q4_1", "q6_k")  # q6_k: not llama.cpp's bytes (_q6_k_rows), the same kind of search
+QUANTIZABLE = ("q8_0", "q4_1", "q6_k")
 
 
 def _roundf(x: torch.Tensor) -> torch.Tensor:
