@@ -329,7 +329,7 @@ class RayOptions:
     0 and None are "suit the cluster": distributed.corpus.pool_for reads what the cluster has."""
 
     ray: bool = option(False, "Decode the inputs on a Ray cluster, one model load per actor (pip install "
-                       "'specdec-cli[ray]'): --ray=ADDRESS (or RAY_ADDRESS) joins the cluster there, plain --ray the one "
+                       "'specdec-cli\\[ray]'): --ray=ADDRESS (or RAY_ADDRESS) joins the cluster there, plain --ray the one "
                        "running on this machine, else starts one for this run. Writes one file per input and "
                        "manifest.jsonl into --output-dir.", flag="--ray")
     ray_address: str | None = option(None, "The Ray cluster to join (auto, HOST:PORT, ray://HOST:PORT); --ray=ADDRESS "

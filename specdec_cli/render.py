@@ -22,7 +22,7 @@ def error(message: str) -> None:
 
 
 def note(message: str) -> None:
-    err.print(message, highlight=False, soft_wrap=True)
+    err.print(message, markup=False, highlight=False, soft_wrap=True)  # as given: "[ray]" is text, not a style
 
 
 def cache_table(root, rows, title: str = "") -> None:

@@ -120,3 +120,11 @@ def test_help_lists_the_examples_one_per_line():
 def test_the_bench_default_modes_are_the_cli_default():
     params = inspect.signature(command("bench")).parameters
     assert params["modes"].default == ",".join(config.DEFAULT_SYNTHETIC_MODES)
+
+
+def test_a_note_prints_its_text_as_given(capsys):
+    """render.note is plain text: an install hint's "[ray]" stays (rich would take it for a style and drop it)."""
+    from specdec_cli import render
+
+    render.note("pip install 'specdec-cli[ray]' [bold]x[/]")
+    assert "pip install 'specdec-cli[ray]' [bold]x[/]" in capsys.readouterr().err
