@@ -719,6 +719,7 @@ def test_encoder_int8_puts_the_encoders_linears_on_q6_k_blocks(tmp_path, speech_
     assert enc["fc2"] is nn.Linear
     layer, before = q.model.model.encoder.layers[0].fc1, plain.model.model.encoder.layers[0].fc1
     assert layer.qtype == "q6_k" and torch.equal(layer.blocks, gguf_blocks.quantize("q6_k", before.weight))
+    torch.manual_seed(0)
     x = torch.randn(1, 1500, 256)
     with torch.inference_mode():
         assert torch.equal(layer(x), qmatmul.prompt_mm(x, layer.blocks, "q6_k", 64, 256, before.bias))
