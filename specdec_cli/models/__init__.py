@@ -8,7 +8,7 @@
                         WindowDecoder, ExactScorer
     whisper_convert.py  CTranslate2 Whisper (the embedded packages) -> transformers, without ctranslate2
     weights.py          how a causal LM's weights are held on a CPU: --target-quant gguf | none | int8 | int4
-    int8.py             int8 weights for the target's linear layers (transcribe --target-int8)
+    int8.py             int8 products for Whisper's linear layers (transcribe --target-int8, --encoder-int8)
     compatible.py       whether a draft can draft for a target: the one rule; loading such a draft
     device.py           --device and --dtype for this machine
     cache.py            the user cache of converted models, written atomically

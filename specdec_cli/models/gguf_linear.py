@@ -93,6 +93,14 @@ class GgufLinear(nn.Module):
             out.append(nn.functional.linear(x, w, None if self.bias is None else self.bias[n0:n1].to(x.dtype)))
         return out[0] if len(out) == 1 else torch.cat(out, -1)
 
+    @classmethod
+    def quantized(cls, linear: nn.Linear, qtype: str, dtype: torch.dtype | None = None) -> GgufLinear:
+        """`linear` with its weight quantized into `qtype` blocks (gguf_blocks.quantize), its bias kept; dtype: the
+        compute dtype (default: the weight's)."""
+        w = linear.weight.detach()
+        return cls(gguf_blocks.quantize(qtype, w), qtype, linear.in_features, linear.out_features, linear.bias,
+                   dtype or w.dtype)
+
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return gguf_blocks.dequantize(self.qtype, self.blocks, self.out_features, self.in_features).to(dtype)
 

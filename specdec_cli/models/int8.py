@@ -28,7 +28,7 @@ import time
 import torch
 from torch import nn
 
-from specdec_cli.kernels import gguf_blocks, int8_rows, qmatmul
+from specdec_cli.kernels import int8_rows, qmatmul
 from specdec_cli.models.gguf_linear import GgufLinear
 
 
@@ -68,21 +68,18 @@ def quantize_encoder(encoder: nn.Module, frames: int = 1500, measure: bool = Tru
     layer as it is (int8_is_faster: on CPUs whose bf16 or AMX product outruns int8 on AVX-512 VNNI). CPU only."""
     if not qmatmul.prompt_runs():
         return 0
-    swaps = []
-    for parent in list(encoder.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.in_features % 256 == 0 and child.out_features % 16 == 0:
-                blocks = gguf_blocks.quantize(ENCODER_QUANT, child.weight.detach())  # [out, row_bytes] uint8
-                swaps.append((parent, name, child, GgufLinear(blocks, ENCODER_QUANT, child.in_features,
-                                                              child.out_features, child.bias, dtype=child.weight.dtype)))
-    if not swaps:
+    layers = [(parent, name, child) for parent in list(encoder.modules())
+              for name, child in list(parent.named_children())
+              if type(child) is nn.Linear and child.in_features % 256 == 0 and child.out_features % 16 == 0]
+    if not layers:
         return 0
-    _, _, dense, q = max(swaps, key=lambda swap: swap[2].weight.numel())  # the largest layer decides for all
-    if measure and not int8_is_faster(dense, q, frames):
+    largest = max((child for _, _, child in layers), key=lambda child: child.weight.numel())
+    first = GgufLinear.quantized(largest, ENCODER_QUANT)  # it decides for all, before the others are quantized
+    if measure and not int8_is_faster(largest, first, frames):
         return 0
-    for parent, name, _, q in swaps:
-        setattr(parent, name, q)
-    return len(swaps)
+    for parent, name, child in layers:
+        setattr(parent, name, first if child is largest else GgufLinear.quantized(child, ENCODER_QUANT))
+    return len(layers)
 
 
 def int8_is_faster(dense: nn.Linear, q: nn.Module, frames: int, rounds: int = 3) -> bool:

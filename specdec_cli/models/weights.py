@@ -19,7 +19,6 @@ from __future__ import annotations
 from torch import nn
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.kernels import gguf_blocks
 from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks, step_kernels
 from specdec_cli.models.loading import LoadedModel
 from specdec_cli.models.progress import build_kernels
@@ -64,8 +63,7 @@ def quantize_linears(model: nn.Module, qtype: str) -> dict[str, int]:
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear or child.in_features % GROUP:
                 continue
-            blocks = gguf_blocks.quantize(qtype, child.weight.detach())
-            setattr(parent, name, GgufLinear(blocks, qtype, child.in_features, child.out_features, child.bias, dtype))
+            setattr(parent, name, GgufLinear.quantized(child, qtype, dtype))
             count += 1
     if getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
