@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from specdec_cli import internals
+from specdec_cli.models.weights import replace_linears
 
 GEMV_ROWS = 16  # up to this many rows (batch × new tokens) use the int8 weight
 
@@ -47,10 +48,7 @@ class Int8Linear(nn.Module):
 def quantize_linears(module: nn.Module, skip: nn.Module | None = None) -> nn.Module:
     """Replace every nn.Linear inside `module` (except `skip`) by an Int8Linear, in place. Idempotent.
     Call it only on modules the draft owns: a self:K draft's layers are the target's own."""
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child is not skip:
-                setattr(parent, name, Int8Linear(child))
+    replace_linears(module, Int8Linear, lambda linear: linear is not skip)
     return module
 
 

@@ -30,6 +30,7 @@ from torch import nn
 
 from specdec_cli.kernels import int8_rows, qmatmul
 from specdec_cli.models.gguf_linear import GgufLinear
+from specdec_cli.models.weights import replace_linears
 
 
 class Int8Linear(nn.Module):
@@ -49,13 +50,7 @@ class Int8Linear(nn.Module):
 def quantize_linears(module: nn.Module) -> int:
     """Replace every nn.Linear inside `module` whose rows are a multiple of 8 long (int8_rows.pack) by an Int8Linear,
     in place; returns how many. CPU only."""
-    n = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.in_features % 8 == 0:
-                setattr(parent, name, Int8Linear(child))
-                n += 1
-    return n
+    return replace_linears(module, Int8Linear, lambda linear: linear.in_features % 8 == 0)
 
 
 ENCODER_QUANT = "q6_k"  # the encoder's weights under --encoder-int8 (a type qmatmul.prompt_mm takes)
@@ -68,18 +63,19 @@ def quantize_encoder(encoder: nn.Module, frames: int = 1500, measure: bool = Tru
     layer as it is (int8_is_faster: on CPUs whose bf16 or AMX product outruns int8 on AVX-512 VNNI). CPU only."""
     if not qmatmul.prompt_runs():
         return 0
-    layers = [(parent, name, child) for parent in list(encoder.modules())
-              for name, child in list(parent.named_children())
-              if type(child) is nn.Linear and child.in_features % 256 == 0 and child.out_features % 16 == 0]
+
+    def fits(linear: nn.Linear) -> bool:
+        return linear.in_features % 256 == 0 and linear.out_features % 16 == 0
+
+    layers = [m for m in encoder.modules() if type(m) is nn.Linear and fits(m)]
     if not layers:
         return 0
-    largest = max((child for _, _, child in layers), key=lambda child: child.weight.numel())
+    largest = max(layers, key=lambda linear: linear.weight.numel())
     first = GgufLinear.quantized(largest, ENCODER_QUANT)  # it decides for all, before the others are quantized
     if measure and not int8_is_faster(largest, first, frames):
         return 0
-    for parent, name, child in layers:
-        setattr(parent, name, first if child is largest else GgufLinear.quantized(child, ENCODER_QUANT))
-    return len(layers)
+    return replace_linears(encoder, lambda linear: first if linear is largest else GgufLinear.quantized(
+        linear, ENCODER_QUANT), fits)
 
 
 def int8_is_faster(dense: nn.Linear, q: nn.Module, frames: int, rounds: int = 3) -> bool:

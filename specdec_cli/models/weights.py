@@ -16,6 +16,8 @@ On CUDA, `gguf` is `none` (the blocks kernel is a CPU kernel) and int8 / int4 ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from specdec_cli.errors import SpecdecError
@@ -58,13 +60,19 @@ def quantize_linears(model: nn.Module, qtype: str) -> dict[str, int]:
     weight quantized to `qtype` (q8_0 | q4_1), the output layer included (untied from the embeddings, which stay).
     Returns {qtype: layers}."""
     dtype = next(model.parameters()).dtype
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or child.in_features % GROUP:
-                continue
-            setattr(parent, name, GgufLinear.quantized(child, qtype, dtype))
-            count += 1
+    count = replace_linears(model, lambda linear: GgufLinear.quantized(linear, qtype, dtype),
+                            lambda linear: linear.in_features % GROUP == 0)
     if getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
     return {qtype: count}
+
+
+def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module],
+                    where: Callable[[nn.Linear], bool] = lambda linear: True) -> int:
+    """Replace, in place, every plain nn.Linear inside `module` for which `where(linear)` holds by `make(linear)`
+    (a layer replaced already is not an nn.Linear: replacing twice does nothing); returns how many."""
+    found = [(parent, name, child) for parent in list(module.modules()) for name, child in parent.named_children()
+             if type(child) is nn.Linear and where(child)]
+    for parent, name, child in found:
+        setattr(parent, name, make(child))
+    return len(found)
