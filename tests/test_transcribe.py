@@ -738,6 +738,43 @@ def test_encoder_int8_puts_the_encoders_linears_on_q6_k_blocks(tmp_path, speech_
     assert set(kinds(forced.model.model.encoder).values()) == {nn.Linear}
 
 
+def test_the_encoders_blocks_are_cached_and_read_back(tmp_path, monkeypatch):
+    """A large encoder's Q6_K blocks go into the user cache at the first load and are read back by the next (nothing
+    quantized: the same blocks); a damaged entry is quantized again and rewritten; a small encoder (under
+    CACHED_WEIGHTS) writes nothing."""
+    from specdec_cli.kernels import gguf_blocks, qmatmul
+    from specdec_cli.models import cache, int8
+    from specdec_cli.options import TranscribeOptions
+
+    if not qmatmul.prompt_runs():
+        pytest.skip(f"qmatmul's prompt kernel does not run here ({qmatmul.backend_line()}): nothing is quantized")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(int8, "int8_is_faster", lambda *a: True)
+    wide = save_tiny_whisper(tmp_path / "wide", d_model=256)
+    opts = TranscribeOptions(target=str(wide), dtype="float32", device="cpu", draft_vocab=150, language="en")
+    blocks = lambda loaded: {n: m.blocks for n, m in loaded.model.model.encoder.named_modules() if hasattr(m, "blocks")}  # noqa: E731
+    T.load_pair(opts, progress=False)
+    assert cache.entries() == []  # a tiny encoder: quantized at each load
+    monkeypatch.setattr(int8, "CACHED_WEIGHTS", 0)
+    first = blocks(T.load_pair(opts, progress=False)[0])
+    [entry] = cache.entries()
+    assert entry.key.startswith("encoder-q6_k-") and cache.damage(entry.key, full=True) is None
+    real = gguf_blocks.quantize
+
+    def refuse(*a, **k):
+        raise AssertionError("quantized although cached")
+
+    monkeypatch.setattr(gguf_blocks, "quantize", refuse)
+    again = blocks(T.load_pair(opts, progress=False)[0])
+    assert again.keys() == first.keys() and len(first) == 5 and all(torch.equal(again[n], first[n]) for n in first)
+    path = entry.path / int8.BLOCKS_FILE
+    path.write_bytes(path.read_bytes()[:100])  # a damaged entry: quantized again, rewritten
+    monkeypatch.setattr(gguf_blocks, "quantize", real)
+    mended = blocks(T.load_pair(opts, progress=False)[0])
+    assert all(torch.equal(mended[n], first[n]) for n in first)
+    assert [e.key for e in cache.entries()] == [entry.key] and cache.damage(entry.key, full=True) is None
+
+
 def test_the_encoder_keeps_the_faster_product():
     """int8_is_faster times both layers on the same frames and says which was the faster."""
     import time

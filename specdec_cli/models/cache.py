@@ -4,6 +4,7 @@ Layout (root = $SPECDEC_CACHE, else platformdirs' user cache dir for "specdec", 
 
     <root>/models/<key>/                one complete model: config.json, model.safetensors, tokenizer files,
                                         and specdec.json (the marker, written last: no marker, no entry)
+    <root>/models/encoder-q6_k-<hash>/  a Whisper encoder's linears on Q6_K blocks (models/int8.py, --encoder-int8)
     <root>/models/.tmp-<key>-<pid>-*/   an entry being written (or removed) by process <pid>
     <root>/kernels/<name>-<hash>/       a C++ kernel built at first use (kernels/cpp.py), rebuilt when missing
                                         ($SPECDEC_KERNEL_CACHE, when set, holds them instead)

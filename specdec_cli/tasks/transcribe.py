@@ -430,7 +430,8 @@ def load_pair(opts: TranscribeOptions, progress: bool = True) -> tuple[LoadedMod
         other = drafts.model_draft(draft)  # a Whisper draft running its own encoder: that one too
         own = [other.loaded] if isinstance(other, WhisperDraft) and not other.shares_encoder else []
         for model in (target, *own):
-            int8.quantize_encoder(model.model.model.encoder, model.model.config.max_source_positions)
+            int8.quantize_encoder(model.model.model.encoder, model.model.config.max_source_positions,
+                                  source=model.path)
     return target, draft
 
 
