@@ -22,8 +22,8 @@ ROWS = (1, 2, 5, 8, 9, 16, 33)  # K-quants: in registers up to 16 rows (tiles of
 
 def shape(name):
     """Awkward shapes: N not a multiple of the 64-row tile (and over one tile), K a few blocks (not a multiple of
-    256 where the type allows)."""
-    return (67, 512) if name.endswith("_k") else (67, 96)
+    256 where the type allows; for the K-quants an odd number of groups: the minimums' last 16 lanes half empty)."""
+    return (67, 768) if name.endswith("_k") else (67, 96)
 
 
 def paths_here() -> list[str]:
