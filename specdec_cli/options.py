@@ -407,6 +407,8 @@ class BenchOptions:
     target_int8: str | None = option(None, "transcribe: the target's weights: off (the default: the model itself), on "
                                      "(int8 decoder linears and output layer, as specdec transcribe --target-int8), or "
                                      "off,on to compare.")
+    encoder_int8: str | None = option(None, "transcribe: the encoder's products: on (int8, as specdec transcribe "
+                                      "runs by default), off (--no-encoder-int8: the model's own), or off,on to compare.")
     target_quant: str | None = option(None, _task_help("target_quant", "summarize: how the models' weights are held"))
     peers: str | None = option(None, "Other tools run beside, on the same inputs and threads, comma-separated: "
                                "faster-whisper (transcribe; pip install 'specdec-cli\\[peers]'; float32 and int8, fed the "

@@ -623,6 +623,34 @@ def test_aggregate_end_to_end_and_peers():
             fw.same_as_autoregressive) == (1.0, 0.5, 0.5, 0.5)
 
 
+def test_an_encoder_sweep_pairs_each_run_with_its_own_target():
+    """--encoder-int8 off,on: one setting each (the options and the label say which); each speculative record's speedup
+    is against the autoregressive run of its own encoder, end to end every record against the target with its own
+    encoder (the unmodified model); a transcribe run without the sweep keeps the default (int8) and pairs as before."""
+    cfg = config.TaskConfig(task="transcribe", gammas=[3], modes=["exact"], encoder_int8=[False, True])
+    settings = runners.task_settings(cfg)
+    assert [(s.encoder_int8, s.options.encoder_int8) for s in settings] == [(False, False), (True, True)]
+    assert settings[0].draft.endswith(", own encoder") and "encoder" not in settings[1].draft
+    assert settings[0].target != settings[1].target  # autoregressive runs once per encoder
+    assert "--encoder-int8 off,on" in cfg.command()
+    assert [s.encoder_int8 for s in runners.task_settings(config.TaskConfig("transcribe", [3], ["exact"]))] == [True]
+    assert [s.encoder_int8 for s in runners.task_settings(config.TaskConfig("summarize", [3], ["exact"]))] == [None]
+
+    def rec(mode, e2e, tps, enc):
+        return contenders.TaskRecord(
+            task="transcribe", gamma=0 if mode == "autoregressive" else 3, mode=mode, new_tokens=100, wall_s=1.0,
+            tokens_per_s=tps, acceptance_rate=None, mean_accepted_per_call=None, verify_ms_per_call=None,
+            draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=None, outputs=["a"], threads=2,
+            end_to_end_s=e2e, encoder_int8=enc)
+
+    recs = contenders.aggregate([rec("autoregressive", 4.0, 100, False), rec("exact", 2.5, 150, False),
+                                 rec("autoregressive", 3.0, 110, True), rec("exact", 2.0, 165, True)])
+    assert [r.end_to_end_speedup for r in recs] == pytest.approx([1.0, 1.6, 4 / 3, 2.0])
+    assert [r.speedup for r in recs] == pytest.approx([1.0, 1.5, 1.0, 1.5])
+    default = contenders.aggregate([rec("autoregressive", 3.0, 110, True), rec("exact", 2.0, 165, True)])
+    assert [x for r in default for x in (r.end_to_end_speedup, r.speedup)] == pytest.approx([1.0, 1.0, 1.5, 1.5])
+
+
 def test_the_test_extra_installs_every_peer():
     """faster-whisper is in the test extra, at the peers extra's pin, so `make test` runs the peer below instead of
     its "not installed" path only; installed here at that version (the test extra was installed)."""
@@ -733,6 +761,8 @@ def test_hf_assisted_peer_with_a_lookup_draft(tiny_llama, articles_dir, tmp_path
                                            (["--task", "summarize", "--peers", "faster-whisper"], "--task transcribe"),
                                            (["--task", "summarize", "--target-int8", "on"], "--target-int8"),
                                            (["--target-int8", "maybe"], "--target-int8"),
+                                           (["--task", "summarize", "--encoder-int8", "off,on"], "--encoder-int8"),
+                                           (["--encoder-int8", "of"], "--encoder-int8"),
                                            (["--task", "summarize", "--language", "en"], "--language")])
 def test_peer_and_target_int8_bad_options_exit_2(args, message):
     r = runner.invoke(app, ["bench", "--task", "transcribe", "--device", "cpu", "--target", "/no/model/needed", *args])

@@ -181,6 +181,7 @@ class TaskConfig:
     draft_vocabs: list[int] | None = None  # a sweep of --draft-vocab; None: the task's default
     draft_quantized: list[bool] | None = None  # a sweep of the draft's low-bit weights (on / off); None: the default
     target_int8: list[bool] | None = None  # transcribe: a sweep of --target-int8; None: the default (off)
+    encoder_int8: list[bool] | None = None  # transcribe: a sweep of --encoder-int8; None: the default (on)
     peers: list[str] = field(default_factory=list)  # other tools run beside (peers.PEERS), e.g. faster-whisper
     options: dict = field(default_factory=dict)
     ray: options.RayOptions | None = None  # --ray: over the corpus on a Ray cluster (bench/corpus.py)
@@ -206,8 +207,9 @@ class TaskConfig:
                 raise SpecdecError(f"--peers {p} runs beside --task {peers.PEERS[p].task}, not {self.task}")
         if self.options.get("language") is not None and self.task != "transcribe":
             raise SpecdecError(f"--language is for --task transcribe, not {self.task}")
-        if self.target_int8 and any(self.target_int8) and self.task != "transcribe":
-            raise SpecdecError(f"--target-int8 is for --task transcribe, not {self.task}")
+        for flag, sweep in (("--target-int8", self.target_int8), ("--encoder-int8", self.encoder_int8)):
+            if sweep is not None and self.task != "transcribe":
+                raise SpecdecError(f"{flag} is for --task transcribe, not {self.task}")
         if self.options.get("target_quant") is not None and self.task != "summarize":
             raise SpecdecError(f"--target-quant is for --task summarize, not {self.task} (transcribe: --target-int8)")
         if self.options.get("limit") is not None:
@@ -248,7 +250,7 @@ class TaskConfig:
         if self.threads is not None:
             raise SpecdecError("--threads: with --ray each actor runs --ray-threads torch threads")
         for flag, sweep in (("--draft-vocab", self.draft_vocabs), ("--draft-quantized", self.draft_quantized),
-                            ("--target-int8", self.target_int8)):
+                            ("--target-int8", self.target_int8), ("--encoder-int8", self.encoder_int8)):
             if sweep is not None and len(sweep) > 1:
                 raise SpecdecError(f"{flag}: one setting with --ray (sweep it without --ray)")
         if self.peers:
@@ -274,8 +276,9 @@ class TaskConfig:
             args += ["--draft-vocab", _join(self.draft_vocabs)]
         if self.draft_quantized is not None:
             args += ["--draft-quantized", ",".join("on" if q else "off" for q in self.draft_quantized)]
-        if self.target_int8 is not None:
-            args += ["--target-int8", ",".join("on" if q else "off" for q in self.target_int8)]
+        for flag, sweep in (("--target-int8", self.target_int8), ("--encoder-int8", self.encoder_int8)):
+            if sweep is not None:
+                args += [flag, ",".join("on" if q else "off" for q in sweep)]
         if self.peers:
             args += ["--peers", ",".join(self.peers)]
         for key in runners.TASK_OPTIONS:
@@ -306,7 +309,7 @@ def build(o: options.BenchOptions, ray: options.RayOptions | None = None) -> Syn
 
 
 _TASK_ONLY = ("data", "limit", "target", "draft", "draft_stop", "max_new_tokens", "temperature", "language",
-              "draft_vocab", "draft_quantized", "gamma_schedule", "target_int8", "peers",
+              "draft_vocab", "draft_quantized", "gamma_schedule", "target_int8", "encoder_int8", "peers",
               "target_quant")  # BenchOptions a task reads
 
 
@@ -338,6 +341,7 @@ def _task(o: options.BenchOptions) -> TaskConfig:
         draft_vocabs=None if o.draft_vocab is None else parse_ints(o.draft_vocab, "--draft-vocab"),
         draft_quantized=parse_switches(o.draft_quantized, "--draft-quantized"),
         target_int8=parse_switches(o.target_int8, "--target-int8"),
+        encoder_int8=parse_switches(o.encoder_int8, "--encoder-int8"),
         peers=[] if o.peers is None else parse_names(o.peers, "--peers", peers.PEERS),
         options={k: v for k, v in task_options.items() if v is not None},
     )

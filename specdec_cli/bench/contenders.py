@@ -48,6 +48,7 @@ class TaskRecord:
     end_to_end_s: float | None = None  # transcribe: features + encoder + probe + decoding, load excluded
     encoder_s: float | None = None  # transcribe: the target's encoder (and a draft's own) alone
     target_int8: bool = False  # the target's linears in int8 (transcribe --target-int8)
+    encoder_int8: bool | None = None  # the encoder's linears in int8 (transcribe --encoder-int8); None: no encoder
     peer: str | None = None  # another tool (peers.py), e.g. "faster-whisper"; None: specdec
     verify_s: float | None = None  # the verification calls' seconds summed over every input (the paper's profiling time)
     verify_share: float | None = None  # verify_s over the decoding loops' wall_s
@@ -110,6 +111,7 @@ def run_contenders(config, contenders: list[Contender], decode: Decode, referenc
         record = task_record(config.task, c, *best[:3], references, best[3])
         record.threads = setting.get("threads")
         record.target_int8 = bool(setting.get("target_int8"))
+        record.encoder_int8 = setting.get("encoder_int8")
         record.draft = None if c.mode == "autoregressive" else setting.get("draft")
         records.append(record)
         progress(c.label)
@@ -158,20 +160,22 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
     that assumption misses: the target's ms per call here over its one-token step. Where γ varies (auto,
     heuristic) there is no one γ to predict for: α is the schedule's own estimate when it made one.
     """
-    ars = {(r.threads, r.target_int8): r for r in records if r.mode == "autoregressive"}
+    ars = {_target(r): r for r in records if r.mode == "autoregressive"}
+    # the unmodified target alone, per thread count: no int8 target, its own encoder where a sweep ran one
+    plains = {r.threads: r for r in sorted(ars.values(), key=lambda r: r.encoder_int8 is False) if not r.target_int8}
     baselines = {_point(r): r for r in records if r.mode == "baseline" and r.peer is None}
     for r in records:
         b = baselines.get(_point(r))
         if b is not None and r.verify_s is not None and b.verify_s:
             r.verify_vs_baseline = 1 - r.verify_s / b.verify_s
         # end to end: every contender (a peer too) against specdec's unmodified target alone
-        plain = ars.get((r.threads, False))
+        plain = plains.get(r.threads)
         if plain is not None and plain.end_to_end_s and r.end_to_end_s:
             r.end_to_end_speedup = plain.end_to_end_s / r.end_to_end_s
         if r.mode == "autoregressive" and not r.target_int8:
             r.speedup = 1.0
             continue
-        ar = ars.get((r.threads, r.target_int8)) if r.mode != "autoregressive" and r.peer is None else plain
+        ar = ars.get(_target(r)) if r.mode != "autoregressive" and r.peer is None else plain
         if r.peer is not None and r.end_to_end_s is None and plain is not None and plain.tokens_per_s > 0:
             r.speedup = r.tokens_per_s / plain.tokens_per_s  # a peer timed as the loops are (hf-assisted: same target)
         if r.peer is not None or r.mode == "autoregressive":  # another model (or tool): tokens/s differ in kind
@@ -200,9 +204,14 @@ def aggregate(records: list[TaskRecord], greedy: bool = True) -> list[TaskRecord
     return records
 
 
+def _target(r: TaskRecord) -> tuple:
+    """The target a record decoded with: its threads and weights."""
+    return r.threads, r.target_int8, r.encoder_int8
+
+
 def _point(r: TaskRecord) -> tuple:
     """Where two modes are compared: the same setting, schedule and γ."""
-    return r.threads, r.draft, r.target_int8, r.schedule, r.gamma
+    return *_target(r), r.draft, r.schedule, r.gamma
 
 
 # The task tables' columns (record field, header), three tables narrow enough for 80 columns: speed;
@@ -220,7 +229,7 @@ TASK_QUALITY_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mod
                         ("same_as_autoregressive", "= AR"))
 # transcribe only (where end_to_end_s is measured): end to end against the unmodified target alone, peers included
 TASK_END_TO_END_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("target_int8", "int8 target"),
-                           ("end_to_end_s", "e2e s"), ("encoder_s", "encoder s"), ("end_to_end_speedup", "e2e ×"),
+                           ("encoder_int8", "int8 enc"), ("end_to_end_s", "e2e s"), ("encoder_s", "encoder s"), ("end_to_end_speedup", "e2e ×"),
                            ("same_as_autoregressive", "= AR"))
 # the verification's time over the corpus, its share of decoding, its change against baseline (the paper's Table 1)
 TASK_PROFILING_COLUMNS = (("schedule", "schedule"), ("gamma", "γ"), ("mode", "mode"), ("verify_s", "verify s"),

@@ -57,15 +57,15 @@ class BenchResults:
         if self.task == "synthetic":
             return [("", self.records)]
         spec = [r for r in self.records if r.mode != "autoregressive" and r.peer is None]
-        settings = list(dict.fromkeys((r.threads, r.draft, r.target_int8) for r in spec))
+        settings = list(dict.fromkeys((r.threads, r.draft, r.target_int8, r.encoder_int8) for r in spec))
         if len(settings) <= 1:
             return [("", self.records)]
         # each setting with the autoregressive record it is measured against, and the peers of its thread count
         return [(f"{t} thread{'s' if t != 1 else ''} · draft {d}",
                  [r for r in self.records if r.threads == t and (
-                     r.peer is not None or (r.draft == d and r.target_int8 == i) or
-                     (r.mode == "autoregressive" and r.target_int8 in (i, False)))])
-                for t, d, i in settings]
+                     r.peer is not None or (r.draft == d and r.target_int8 == i and r.encoder_int8 == e) or
+                     (r.mode == "autoregressive" and r.target_int8 in (i, False) and r.encoder_int8 in (e, False)))])
+                for t, d, i, e in settings]
 
     def to_dict(self) -> dict:
         return {

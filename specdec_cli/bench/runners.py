@@ -81,24 +81,28 @@ class Setting:
     options: options.DecodeOptions
     draft: str  # the draft's options in words, for the tables
     target_int8: bool = False  # transcribe --target-int8: the target's linears in int8
+    encoder_int8: bool | None = None  # transcribe --encoder-int8: the encoder's linears in int8; None: no encoder
 
     @property
-    def target(self) -> tuple[int, bool]:
+    def target(self) -> tuple[int, bool, bool | None]:
         """What autoregressive decoding depends on: it runs once per (threads, target) of a sweep."""
-        return self.threads, self.target_int8
+        return self.threads, self.target_int8, self.encoder_int8
 
 
 def task_settings(config) -> list[Setting]:
-    """Every threads × target-int8 × draft-vocab × draft-quantized point of `config` (a TaskConfig); a sweep left
-    out is the task's default (for threads: torch's current count)."""
+    """Every threads × target-int8 × encoder-int8 × draft-vocab × draft-quantized point of `config` (a TaskConfig); a
+    sweep left out is the task's default (for threads: torch's current count)."""
     base = task_options(config)
     int8 = config.target_int8 or [getattr(base, "target_int8", False)]
-    points = itertools.product(config.threads or [torch.get_num_threads()], int8, config.draft_vocabs or [base.draft_vocab],
-                               config.draft_quantized or [base.draft_quantized])
+    encoder = config.encoder_int8 or [getattr(base, "encoder_int8", None)]  # None: a task without an encoder
+    points = itertools.product(config.threads or [torch.get_num_threads()], int8, encoder,
+                               config.draft_vocabs or [base.draft_vocab], config.draft_quantized or [base.draft_quantized])
     out = []
-    for t, i, v, q in points:
-        opts = base.replace(draft_vocab=v, draft_quantized=q, **({"target_int8": i} if i else {}))
-        out.append(Setting(t, opts, _draft_label(opts.draft, v, q) + (", int8 target" if i else ""), i))
+    for t, i, e, v, q in points:
+        opts = base.replace(draft_vocab=v, draft_quantized=q, **({"target_int8": i} if i else {}),
+                            **({"encoder_int8": e} if e is not None else {}))
+        label = _draft_label(opts.draft, v, q) + (", int8 target" if i else "") + (", own encoder" if e is False else "")
+        out.append(Setting(t, opts, label, i, e))
     return out
 
 
@@ -186,7 +190,7 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
                 previous = setting.target
                 records += run_contenders(config, contenders_of(config, autoregressive=first), decode, refs,
                                           progress, threads=threads, draft=setting.draft,
-                                          target_int8=setting.target_int8)
+                                          target_int8=setting.target_int8, encoder_int8=setting.encoder_int8)
                 del target, draft, decode  # one pair in memory at a time
             records += run_peers(config, inputs, refs, threads, progress)
     finally:
