@@ -649,6 +649,24 @@ def test_an_encoder_sweep_pairs_each_run_with_its_own_target():
     assert [r.speedup for r in recs] == pytest.approx([1.0, 1.5, 1.0, 1.5])
     default = contenders.aggregate([rec("autoregressive", 3.0, 110, True), rec("exact", 2.0, 165, True)])
     assert [x for r in default for x in (r.end_to_end_speedup, r.speedup)] == pytest.approx([1.0, 1.0, 1.5, 1.5])
+    import io
+
+    from rich.console import Console
+
+    from specdec_cli import render
+    from specdec_cli.bench.results import BenchResults
+
+    peer = rec("faster-whisper float32", 8.0, 30, None)
+    peer.peer, peer.quality = "faster-whisper", {"wer": 0.1234}
+    for r in recs:
+        r.quality = {"wer": 0.0282}
+    shown = io.StringIO()
+    machine = {"device": "cpu", "device_name": "a CPU", "torch_threads": 2, "versions": {"torch": "2"}}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(render, "err", Console(file=shown, width=80))
+        render.bench_table(BenchResults("transcribe", "", {}, machine, contenders.aggregate([*recs, peer])))
+    table = shown.getvalue().split("end to end")[-1].split("a CPU.")[0]
+    assert "int8" in table and "encoder" in table and "0.123" in table and "…" not in table, table  # 80 columns
 
 
 def test_the_test_extra_installs_every_peer():
