@@ -10,14 +10,26 @@
 //                 this is the one place the result is not transformers' bits)
 //             h = bf16(s · (1 / sqrt(r / d + eps)))  out = bf16(w · h)   (transformers' RMS norm otherwise)
 //   rope      q' = bf16(bf16(q · cos) + bf16(rot(q) · sin)), rot(q) = (−q[D/2:], q[:D/2]), k' alike (torch's bits)
+//   silu_mul  out = st((g · σ(g)) · u) from the two halves of a gate/up product, σ(g) = r for g ≥ 0, e · r otherwise,
+//             r = 1 / (1 + e), e = exp(−|g|) by expm (a degree-6 polynomial after range reduction, within 2 ulp;
+//             −|g| held at −87.3 and above): its own bits, not torch's silu; every element alike wherever it stands
+//             (the AVX2 lanes and the scalar tail take the same IEEE operations, each rounded once)
 // Each row computes alone: the same bits whatever the number of rows or threads. Compiled with -ffp-contract=off.
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LO_AVX2 1
+#else
+#define LO_AVX2 0
+#endif
 
 namespace {
 
@@ -144,9 +156,90 @@ torch::Tensor rope_store(torch::Tensor q, torch::Tensor k, torch::Tensor v, torc
   return out;
 }
 
+// exp(x) for −87.3 ≤ x ≤ 0: x = n·ln2 + t (two-part ln2), exp(t) by a degree-6 polynomial in fma, times 2ⁿ built in
+// the exponent bits; silu_mul's σ and its product, one element (the scalar twin of silu_mul8)
+inline float expm(float x) {
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float t = std::fma(n, -0.693145751953125f, x);
+  t = std::fma(n, -1.428606765330187e-06f, t);
+  float p = 1.f / 720;
+  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = std::fma(p, t, c);
+  const int32_t bits = ((int32_t)n + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, 4);
+  return p * two_n;
+}
+
+inline float silu_mul1(float g, float u) {
+  const float e = expm(std::max(-std::fabs(g), -87.3f));
+  const float r = 1.f / (1.f + e);
+  return (g * (g >= 0.f ? r : e * r)) * u;
+}
+
+#if LO_AVX2
+// silu_mul1 on 8 lanes, operation for operation
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 a = _mm256_max_ps(_mm256_or_ps(g, _mm256_set1_ps(-0.f)), _mm256_set1_ps(-87.3f));  // −|g|, held
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 t = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), a);
+  t = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187e-06f), t);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  const __m256 r = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+  const __m256 sig = _mm256_blendv_ps(_mm256_mul_ps(e, r), r, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
+}
+#endif
+
+// gu [..., 2F] (the last dim contiguous; g its first F, u the rest) -> out [..., F] contiguous
+template <typename T>
+void silu_mul_t(const torch::Tensor& gu, torch::Tensor& out) {
+  const int64_t F = out.size(-1), M = F ? out.numel() / F : 0, stride = gu.dim() > 1 ? gu.stride(-2) : 2 * F;
+  const T* src = data<T>(gu);
+  T* dst = data<T>(out);
+  at::parallel_for(0, M, std::max<int64_t>(1, 65536 / std::max<int64_t>(F, 1)), [&](int64_t m0, int64_t m1) {
+    std::vector<float> buf(std::is_same_v<T, float> ? 0 : 3 * F);  // bf16: g, u widened and the fp32 result
+    for (int64_t m = m0; m < m1; m++) {
+      const float *g, *u;
+      float* o;
+      if constexpr (std::is_same_v<T, float>) {
+        g = src + m * stride, u = g + F, o = dst + m * F;
+      } else {
+        for (int64_t i = 0; i < 2 * F; i++) buf[i] = ld(src[m * stride + i]);
+        g = buf.data(), u = g + F, o = buf.data() + 2 * F;
+      }
+      int64_t i = 0;
+#if LO_AVX2
+      for (; i + 8 <= F; i += 8) _mm256_storeu_ps(o + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+#endif
+      for (; i < F; i++) o[i] = silu_mul1(g[i], u[i]);
+      if constexpr (!std::is_same_v<T, float>)
+        for (int64_t j = 0; j < F; j++) dst[m * F + j] = st<T>(o[j]);
+    }
+  });
+}
+
+torch::Tensor silu_mul(torch::Tensor gu) {
+  TORCH_CHECK(is_act(gu) && gu.dim() >= 1 && gu.size(-1) % 2 == 0 && gu.stride(-1) == 1 &&
+              (gu.dim() == 1 || gu.numel() == 0 || gu.is_contiguous() ||
+               gu.reshape({-1, gu.size(-1)}).data_ptr() == gu.data_ptr()),
+              "silu_mul: gu [..., 2F] bf16 or fp32, its rows evenly spaced");
+  auto sizes = gu.sizes().vec();
+  sizes.back() /= 2;
+  auto out = torch::empty(sizes, gu.options());
+  auto rows = gu.reshape({-1, gu.size(-1)});  // a view: rows evenly spaced (checked)
+  if (gu.scalar_type() == at::kFloat) silu_mul_t<float>(rows, out);
+  else silu_mul_t<uint16_t>(rows, out);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms", &add_rms, "x += y, then the RMS norm of each row (bf16 or fp32)");
+  m.def("silu_mul", &silu_mul, "silu(g) · u from gu = [g | u] (bf16 or fp32)");
   m.def("rope_store", &rope_store, "rotary embedding of q and k; k and v into the KV cache (bf16 or fp32)");
 }

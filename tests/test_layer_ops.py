@@ -78,3 +78,36 @@ def test_rope_store_is_torchs_rotary_embedding(monkeypatch, dtype):
     for torch_path, kernel_path in ((caches[2], caches[0]), (caches[3], caches[1])):
         assert torch.equal(torch_path[:, :, start : start + T], kernel_path[:, :, start : start + T])
         assert torch_path[:, :, :start].isnan().all() and torch_path[:, :, start + T :].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_is_silu_times_up_and_every_element_alike(dtype):
+    """silu(g) · u from gu = [g | u] (a joint gate/up product's output) against fp64: the exp within 2 ulp (4 units of
+    2⁻²⁴), then 1 + e, its reciprocal, e · r, g · σ and · u one rounding each (5 more): ≤ 9 · 2⁻²⁴ relative in fp32,
+    plus one rounding to bf16; −|g| is held at −87.3, so below g = −87 the bound is absolute (a silu there
+    is below 10⁻³⁰ · |u|). An element's bits do not depend on its row, the other rows, or where it stands
+    in its row (the AVX2 lanes and the scalar tail); the fallback is torch's silu(g) · u."""
+    torch.manual_seed(0)
+    F = 1003  # a tail past the 8 lanes
+    gu = torch.randn(37, 2 * F) * 6
+    gu[0, :6] = torch.tensor([0.0, -0.0, -100.0, 100.0, -87.5, 86.0])
+    gu = gu.to(dtype)
+    ops = layer_ops.LayerOps(dtype)
+    out = ops.silu_mul(gu)
+    assert out.dtype == dtype and out.shape == (37, F)
+    g, u = gu.double().chunk(2, -1)
+    ref = g * torch.sigmoid(g) * u
+    bound = 9 * 2**-24 + (UNIT[dtype] if dtype != torch.float32 else 0)
+    inside = g > -87
+    rel = ((out.double() - ref).abs() / ref.abs().clamp_min(1e-30))[inside & (ref != 0)]
+    assert rel.max().item() <= bound, rel.max().item()
+    assert (out.double() - ref)[~inside].abs().max().item() < 1e-30
+    assert torch.equal(torch.cat([ops.silu_mul(gu[i:i + 1]) for i in range(37)]), out)  # each row alone
+    shifted = torch.cat([gu[:, 3:F], gu[:, F + 3:]], -1)  # every element 3 places earlier
+    assert torch.equal(ops.silu_mul(shifted), out[:, 3:])
+    assert torch.equal(ops.silu_mul(gu.view(1, 37, 2 * F)), out.view(1, 37, F))  # [..., 2F]
+    joint = torch.randn(37, 4 * F).to(dtype)[:, : 2 * F]  # rows evenly spaced, not contiguous
+    assert torch.equal(ops.silu_mul(joint), ops.silu_mul(joint.contiguous()))
+    ops.ext = None
+    fallback = ops.silu_mul(gu)
+    assert torch.equal(fallback, torch.nn.functional.silu(gu[:, :F]) * gu[:, F:])

@@ -79,7 +79,7 @@ def test_llama_like_gives_transformers_logits_on_smollm2(weights, smollm2_blocks
     lean = decoder_for(loaded.model)
     assert isinstance(lean, LlamaLike)
     if weights == "gguf":
-        assert any(len(sizes or ()) == 2 for layer in lean.layers for _, sizes in layer[5].calls)  # gate, up joined
+        assert any(len(sizes or ()) == 2 for layer in lean.layers for _, sizes in layer[5].gate_up.calls)  # gate, up joined
     plain = Decoder(exact_rows(loaded.model))
     texts = ["Bumblebees raise more queens near wildflower strips, a study of forty farms found, and",
              "Three farms and"]
@@ -170,6 +170,7 @@ def test_a_prompts_last_layer_runs_for_the_rows_kept_only():
 @pytest.mark.slow
 def test_with_the_fused_ops_a_pass_gives_the_bits_of_steps(smollm2_blocks):
     lean = decoder_for(smollm2_blocks.model)
+    assert all(layer[5].joint is not None for layer in lean.layers)  # silu(gate) · up fused over the joint product
     ids = torch.tensor([smollm2_blocks.tokenizer("Bumblebees raise more queens near wildflower strips, a study of "
                                                  "forty farms across three summers found, and")["input_ids"]])
     positions = torch.arange(ids.shape[1])[None]

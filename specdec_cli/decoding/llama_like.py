@@ -112,6 +112,26 @@ class _Products:
         return out
 
 
+class _GatedAct:
+    """act(g) · u for [g, u] = gate_up(h): a SiLU over one joint product (the two halves of one layer's output) in one
+    pass over it (layer_ops.silu_mul), else as transformers computes it."""
+
+    def __init__(self, gate_up: _Products, act: torch.nn.Module, ops: layer_ops.LayerOps):
+        self.gate_up, self.act, self.ops = gate_up, act, ops
+        (layer, sizes), *rest = gate_up.calls
+        halves = not rest and sizes is not None and len(sizes) == 2 and sizes[0] == sizes[1]
+        self.joint = layer if halves and ops.ext is not None and type(act).__name__ in SILU else None
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        if self.joint is not None:
+            return self.ops.silu_mul(self.joint(h))
+        g, u = self.gate_up(h)
+        return self.act(g) * u
+
+
+SILU = ("SiLU", "SiLUActivation")  # torch's and transformers' SiLU modules
+
+
 class LlamaLike(Decoder):
     """The module docstring's forward over `model` (exact_rows' copy: its linear layers compute rows alike)."""
 
@@ -120,17 +140,17 @@ class LlamaLike(Decoder):
         base = model.model
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
         self.head = model.get_output_embeddings()
+        self.dtype = self.embed.weight.dtype
+        self.ops = layer_ops.LayerOps(self.dtype)
         self.layers = []
         for layer in base.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append((layer.input_layernorm, a, _Products(a.q_proj, a.k_proj, a.v_proj), a.o_proj,
-                                layer.post_attention_layernorm, _Products(m.gate_proj, m.up_proj), m.act_fn,
-                                m.down_proj))
+                                layer.post_attention_layernorm,
+                                _GatedAct(_Products(m.gate_proj, m.up_proj), m.act_fn, self.ops), m.down_proj))
         config = model.config
         self.head_dim = base.layers[0].self_attn.head_dim
         self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.dtype = self.embed.weight.dtype
-        self.ops = layer_ops.LayerOps(self.dtype)
         self.keys: list[torch.Tensor] = []  # per layer [B, KV heads, slots, head_dim]
         self.values: list[torch.Tensor] = []
 
@@ -173,7 +193,7 @@ class LlamaLike(Decoder):
                 shown = shown & mask[:, None, None, :end]  # [B, 1, T, end]
         y = None  # what the last layer adds to x
         trim = len(self.layers) - 1 if 0 < keep <= ROWS < T else None  # the layer after which only `keep` rows count
-        for i, (n1, attn, qkv, o, n2, gate_up, act, down) in enumerate(self.layers):
+        for i, (n1, attn, qkv, o, n2, gated, down) in enumerate(self.layers):
             x, h = self.ops.add_rms(x, y, n1)
             q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv(h))  # [B, T, heads, head_dim]
             q = self.ops.rope_store(q, k, v, cos, sin, self.keys[i], self.values[i], start)  # [B, heads, T, hd]
@@ -188,8 +208,7 @@ class LlamaLike(Decoder):
             if a is None:  # kernel_rows, without its checks: a CPU, no dropout, a bool mask or none
                 a, _ = fp32_by_rows(attn, q, keys, values, shown, dropout=0.0, scaling=attn.scaling)
             x, h = self.ops.add_rms(x, o(a.reshape(B, t, -1)), n2)  # a [B, t, heads, hd]
-            g, u = gate_up(h)
-            y = down(act(g) * u)
+            y = down(gated(h))  # act(gate(h)) · up(h)
         return self.ops.add_rms(x, y, self.norm)[1]
 
     def _call(self, tokens, mask, positions, keep: int) -> torch.Tensor:
