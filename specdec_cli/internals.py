@@ -228,14 +228,6 @@ def shallow_copy(module):
     return clone
 
 
-def int8_weight_mm(x, qweight, scale):
-    """x [rows, in] · (scale[:, None] · qweight [out, in] int8)ᵀ -> [rows, out] in x's dtype, on a CPU.
-    Relies on: `torch.ops.aten._weight_int8pack_mm`."""
-    import torch
-
-    return torch.ops.aten._weight_int8pack_mm(x, qweight, scale)
-
-
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -293,5 +285,4 @@ def check() -> list[str]:
          lambda: inspect.signature(_speculative_sampling()[0]).bind(0, 0, 0, 0, **_speculative_sampling()[1]))
     need("torch.nn.Module._modules / _parameters / _buffers",
          lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), n), dict) for n in ("_modules", "_parameters", "_buffers")))
-    need("torch.ops.aten._weight_int8pack_mm", lambda: hasattr(torch.ops.aten, "_weight_int8pack_mm"))
     return problems

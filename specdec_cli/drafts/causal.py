@@ -16,8 +16,10 @@ from specdec_cli.decoding import Batch, Decoder, ModelDraft
 from specdec_cli.decoding.llama_like import draft_decoder
 from specdec_cli.drafts.int8 import quantize_draft
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
+from specdec_cli.kernels import int8_rows
 from specdec_cli.models import LoadedModel, load_compatible
 from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
+from specdec_cli.models.progress import build_kernels
 from specdec_cli.models.weights import hold
 from specdec_cli.options import DecodeOptions
 
@@ -42,8 +44,12 @@ class CausalDraft(ModelDraft):
         return draft_decoder(self.loaded.model)
 
 
-def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOptions) -> CausalDraft:
-    """`loaded` as the draft of `target`, with the options' output layer and weights (draft_vocab, draft_quantized)."""
+def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOptions,
+          progress: bool = True) -> CausalDraft:
+    """`loaded` as the draft of `target`, with the options' output layer and weights (draft_vocab, draft_quantized;
+    the int8 kernel built now, at load, where it will run)."""
+    if opts.draft_quantized and loaded.device.type == "cpu":
+        build_kernels(progress, (int8_rows.KERNEL,))
     return CausalDraft(loaded, vocab, head_size=opts.draft_vocab, keep_ids=eos_ids(target),
                        quantized=opts.draft_quantized)
 
@@ -53,4 +59,4 @@ def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: b
     as the target's are (--target-quant: with gguf, a GGUF draft on its own blocks on a CPU)."""
     loaded, vocab = load_compatible(draft_spec, target, CAUSAL_LM, progress=progress)
     hold(loaded, getattr(opts, "target_quant", "none"), "draft", progress)
-    return adopt(loaded, target, vocab, opts)
+    return adopt(loaded, target, vocab, opts, progress)

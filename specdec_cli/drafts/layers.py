@@ -78,4 +78,4 @@ def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: b
                            "keeps them otherwise")
     n = len(layers)
     loaded = self_draft(target, len(spec.self_layers(draft_spec, n, max_layers=n - 1, prefix_only=True)))
-    return causal.adopt(loaded, target, check_compatible(target, loaded), opts)
+    return causal.adopt(loaded, target, check_compatible(target, loaded), opts, progress)

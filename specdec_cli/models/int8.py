@@ -39,25 +39,39 @@ from specdec_cli.models import cache
 from specdec_cli.models.gguf_linear import GgufLinear
 from specdec_cli.models.weights import replace_linears
 
+DENSE_ROWS = 16  # a call of more rows (a draft's prompt) multiplies the kept original weight, where there is one
+
 
 class Int8Linear(nn.Module):
     """y = x Wᵀ + b with W in int8 (per output row), x of any float dtype [..., in] -> [..., out] in x's; each row of
-    x computed alone (kernels/int8_rows)."""
+    x computed alone (kernels/int8_rows). `dense`: keep the layer's own weight and bias (shared, not copied) for
+    calls of more than DENSE_ROWS rows, where a kernel for a few rows is the slower (a draft's prompt). `weight` is
+    that weight, else a meta tensor of its shape and dtype."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, dense: bool = False):
         super().__init__()
         self.packed = int8_rows.pack(linear.weight.detach())
         self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()  # [out]
+        w = linear.weight  # [out, in]
+        self.weight = w if dense else torch.empty(w.shape, dtype=w.dtype, device="meta")
+        self.dense_bias = linear.bias if dense else None  # [out], the layer's own
+        self.dense = dense
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense and x.numel() > DENSE_ROWS * self.in_features:
+            return nn.functional.linear(x, self.weight, self.dense_bias)
         return int8_rows.mm(x, self.packed, self.bias)
 
 
+def fits(linear: nn.Linear) -> bool:
+    """Whether int8_rows takes the layer's weight: rows a multiple of 8 long."""
+    return linear.in_features % 8 == 0
+
+
 def quantize_linears(module: nn.Module) -> int:
-    """Replace every nn.Linear inside `module` whose rows are a multiple of 8 long (int8_rows.pack) by an Int8Linear,
-    in place; returns how many. CPU only."""
-    return replace_linears(module, Int8Linear, lambda linear: linear.in_features % 8 == 0)
+    """Replace every nn.Linear inside `module` that fits() by an Int8Linear, in place; returns how many. CPU only."""
+    return replace_linears(module, Int8Linear, fits)
 
 
 ENCODER_QUANT = "q6_k"  # the encoder's weights under --encoder-int8 (a type qmatmul.prompt_mm takes)
