@@ -40,7 +40,8 @@
 // unpacked in registers, two weight rows at a time, fused32). The AVX-512 path unpacks 8 groups of 2 weight
 // rows at a time (they stay in L1) and holds a 2 × 4 tile of accumulators (weight rows × rows) in registers; its
 // K-quant calls of ≤ SMALL_ROWS rows take 16 weight rows at a time and finish their outputs together in vector lanes
-// (finish16: at K = 1 536 a weight row's own finish had cost a third of its 6 groups).
+// (finish16: at K = 1 536 a weight row's own finish had cost a third of its 6 groups; their minimums' lanes eight
+// weight rows side by side, min_lanes16).
 // AVX2 (no VNNI): a 32-weight slot one ymm, vpmaddubsw then vpmaddwd by the scale (three instructions a slot and
 // row with the add); calls of ≤ SMALL_ROWS rows unpack each group in registers for tiles of ≤ 4 rows (fused_avx2;
 // the 32-element types ≤ 4, fused32_avx2), longer ones through an L1 buffer (tile_avx2).
@@ -938,6 +939,25 @@ VNNI_FN inline __attribute__((always_inline)) __m512 min_lanes_avx512(const floa
   return mn;
 }
 
+// min_lanes_avx512 of 16 weight rows (mm16 [16][S16]) × M rows (xsd [M][S16]) into mn [16][M][16]: each pair the same
+// steps in the same order, eight pairs' chains side by side (one pair alone is a chain of dependent adds: 18 at
+// K = 8 960, a tenth of a 9-row pass's time on the Zen 5)
+VNNI_FN void min_lanes16(const float* mm16, const float* xsd, int64_t S16, int64_t M, float* mn) {
+  for (int64_t m = 0; m < M; m++)
+    for (int j0 = 0; j0 < 16; j0 += 8) {
+      __m512 a[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
+      for (int64_t s = 0; s < S16; s += 16) {
+        const __m512 x = _mm512_loadu_ps(xsd + m * S16 + s);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) a[j] = _mm512_add_ps(a[j], _mm512_mul_ps(_mm512_loadu_ps(mm16 + (j0 + j) * S16 + s), x));
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; j++) _mm512_store_ps(mn + ((j0 + j) * M + m) * 16, a[j]);
+    }
+}
+
 // unpack8_portable's values, a 64-position chunk a zmm: the file's 64-byte load of nibbles is one chunk as it is.
 // load8 reads a group's bytes into registers, chunk8 makes chunk k's quants (Q6_K: q − 32, signed) and scales.
 struct Raw8 {
@@ -1392,17 +1412,14 @@ VNNI_FN void tile_avx512(const Call& c, int64_t n0, int64_t n1) {
   alignas(64) float accm[2 * ROW_TILE * 16];  // [NR][ROW_TILE] zmm
   alignas(64) float acc16[16 * SMALL_ROWS * 16];  // [16][M][16]: 16 weight rows' (finish16)
   alignas(64) float mn16[16 * SMALL_ROWS * 16];  // [16][M][16]: their minimums' lanes
+  std::vector<float> mm16(c.f.kmin && c.M <= SMALL_ROWS ? 16 * c.S16 : 0);  // [16][S16]: their minimums, 0 past K / 32
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_TILE) {
     const int64_t m1 = std::min<int64_t>(c.M, m0 + ROW_TILE);
     if (c.f.G == 256 && c.M <= SMALL_ROWS) {  // 16 weight rows at a time, finished together; the rest alone
       int64_t n = n0;
       for (; n + 16 <= n1; n += 16) {
-        for (int j = 0; j < 16; j++) {
-          small8(c, b0.mm.data(), n + j, acc16 + j * c.M * 16);
-          if (c.f.kmin)
-            for (int64_t m = 0; m < c.M; m++)
-              _mm512_store_ps(mn16 + (j * c.M + m) * 16, min_lanes_avx512(b0.mm.data(), c.xsd + m * c.S16, c.S16));
-        }
+        for (int j = 0; j < 16; j++) small8(c, c.f.kmin ? mm16.data() + j * c.S16 : b0.mm.data(), n + j, acc16 + j * c.M * 16);
+        if (c.f.kmin) min_lanes16(mm16.data(), c.xsd, c.S16, c.M, mn16);
         finish16(c, mn16, n, acc16);
       }
       for (; n < n1; n++) {
