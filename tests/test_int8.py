@@ -54,6 +54,17 @@ def test_quantize_draft_replaces_every_linear_and_is_idempotent():
     assert all(a is b for a, b in zip(layers, d.model.modules()))
 
 
+def test_without_the_int8_kernel_the_draft_keeps_its_weights(monkeypatch):
+    from specdec_cli.kernels import int8_rows
+
+    monkeypatch.setattr(int8_rows, "extension", lambda: None)  # no build: its fp64 twin would be slower than the layer
+    _, draft = make_pair("llama")
+    d = loaded(copy.deepcopy(draft))
+    quantize_draft(d)
+    assert not [m for m in d.model.modules() if isinstance(m, Int8Linear)]
+    assert [m for m in d.model.modules() if type(m) is nn.Linear]
+
+
 def test_a_self_draft_never_changes_the_target():
     target, _ = make_pair("qwen2")
     t = loaded(target)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from specdec_cli.kernels import int8_rows
 from specdec_cli.models.int8 import Int8Linear, fits
 from specdec_cli.models.weights import replace_linears
 
@@ -26,9 +27,10 @@ def quantize_linears(module: nn.Module, skip: nn.Module | None = None) -> nn.Mod
 
 def quantize_draft(draft) -> None:
     """Int8 for a draft (models.LoadedModel) on a CPU: its decoder layers when it owns them (not a
-    self:K draft), and its output layer (after subset_head.restrict_head: the subset's projection)."""
+    self:K draft), and its output layer (after subset_head.restrict_head: the subset's projection). Not where the
+    int8 kernel did not build (its torch twin, in fp64, would make the draft slower, not cheaper)."""
     model = draft.model
-    if draft.device.type != "cpu":
+    if draft.device.type != "cpu" or int8_rows.extension() is None:
         return
     head = model.get_output_embeddings()
     if draft.source != "self":
