@@ -235,3 +235,16 @@ def test_an_older_entry_without_checksums_loads_and_verify_says_so(gguf):
     marker.write_text(json.dumps(meta))
     assert cache.damage(lm.path.name) is None and load(gguf).cached
     assert "no checksums" in cache.damage(lm.path.name, full=True)
+
+
+def test_a_file_replaced_in_place_with_its_size_and_mtime_is_another_file(tmp_path):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"a" * 64)
+    st = f.stat()
+    before = cache.file_fingerprint(f)
+    assert cache.file_fingerprint(f) == before, "the same file, the same identity"
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    f.write_bytes(b"b" * 64)  # the same size, other bytes
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # its mtime set back, as a copy that keeps times leaves it
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    assert cache.file_fingerprint(f) != before

@@ -314,11 +314,13 @@ def hash_and_join(parts: list[Path], dest: Path | None, on_bytes=None) -> str:
 
 
 def file_fingerprint(path: Path) -> str:
-    """A cheap identity for a local file: its resolved path, size and mtime (no full read).
+    """A cheap identity for a local file: its resolved path, inode, size, mtime and ctime (no full read). The ctime
+    moves whenever the file is written, so a file replaced in place with the same size and mtime (copied with its
+    times kept, or its mtime set back) is another file here.
 
     >>> len(file_fingerprint(Path(__file__)))
     16
     """
     st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    ident = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]

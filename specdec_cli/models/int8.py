@@ -117,7 +117,7 @@ def quantize_encoder(encoder: nn.Module, frames: int = 1500, measure: bool = Tru
 
 
 def _blocks_key(source: Path | None, names: dict[nn.Linear, str]) -> str | None:
-    """The cache key of an encoder's blocks: its model's weight files (path, size, time), its layers and shapes, and
+    """The cache key of an encoder's blocks: its model's weight files (cache.file_fingerprint), its layers and shapes, and
     the quantizer's source; None without weight files to name it by."""
     files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in source.glob(pattern)) if source else []
     if not files:
