@@ -14,7 +14,7 @@ import torch
 
 from specdec_cli.decoding import Batch, Decoder, ModelDraft
 from specdec_cli.decoding.llama_like import draft_decoder
-from specdec_cli.drafts.int8 import quantize_draft
+from specdec_cli.drafts.int8 import has_plain_linears, quantize_draft
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.kernels import int8_rows
 from specdec_cli.models import LoadedModel, load_compatible
@@ -48,7 +48,7 @@ def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOpti
           progress: bool = True) -> CausalDraft:
     """`loaded` as the draft of `target`, with the options' output layer and weights (draft_vocab, draft_quantized;
     the int8 kernel built now, at load, where it will run)."""
-    if opts.draft_quantized and loaded.device.type == "cpu":
+    if opts.draft_quantized and has_plain_linears(loaded):
         build_kernels(progress, (int8_rows.KERNEL,))
     return CausalDraft(loaded, vocab, head_size=opts.draft_vocab, keep_ids=eos_ids(target),
                        quantized=opts.draft_quantized)

@@ -25,12 +25,18 @@ def quantize_linears(module: nn.Module, skip: nn.Module | None = None) -> nn.Mod
     return module
 
 
+def has_plain_linears(draft) -> bool:
+    """Whether quantize_draft may find layers to replace: a draft on a CPU with an nn.Linear (not one on GGUF blocks,
+    whose layers are 4-8 bits already)."""
+    return draft.device.type == "cpu" and any(type(m) is nn.Linear for m in draft.model.modules())
+
+
 def quantize_draft(draft) -> None:
     """Int8 for a draft (models.LoadedModel) on a CPU: its decoder layers when it owns them (not a
     self:K draft), and its output layer (after subset_head.restrict_head: the subset's projection). Not where the
     int8 kernel did not build (its torch twin, in fp64, would make the draft slower, not cheaper)."""
     model = draft.model
-    if draft.device.type != "cpu" or int8_rows.extension() is None:
+    if not has_plain_linears(draft) or int8_rows.extension() is None:
         return
     head = model.get_output_embeddings()
     if draft.source != "self":
