@@ -56,6 +56,21 @@ def check_gamma(value: int, flag: str = "--gamma") -> None:
         raise SpecdecError(f"{flag} must be between 1 and {MAX_GAMMA} (got {value})")
 
 
+AUTO_THREADS = "auto"  # --threads: all cores, fewer while other processes keep some busy (decoding/threads.py)
+
+
+def thread_count(setting) -> int | None:
+    """--threads: auto (or None) -> None; a count >= 1 -> that count."""
+    if setting is None or str(setting).strip().lower() == AUTO_THREADS:
+        return None
+    try:
+        n = int(str(setting).strip())
+    except ValueError:
+        raise SpecdecError(f"--threads must be auto or a number of threads (got {setting!r})") from None
+    at_least("--threads", n, 1)
+    return n
+
+
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """temperature: 0 (greedy) or a finite positive number; top-k >= 0 (0 = off); top-p in (0, 1]."""
     if not math.isfinite(temperature) or temperature < 0:
@@ -154,6 +169,8 @@ class DecodeOptions:
     draft_stop: float = option(0.0, "End a round's drafting early once the draft gives its token less than this "
                                "probability (0 = always draft γ); the output stays the target's.")
     draft_quantized: bool = option(False, f"Give the draft low-bit weights (CPU only): {_DRAFT_CHEAPER}.")
+    threads: str = option(AUTO_THREADS, "CPU threads: auto (torch's count, one per core, fewer while other "
+                          "processes keep cores busy, looked at twice a second) or a number.")
 
     @property
     def speculative(self) -> bool:
@@ -176,6 +193,7 @@ class DecodeOptions:
         at_least("--max-new-tokens", self.max_new_tokens, 1)
         at_least("--batch-size", self.batch_size, 1)
         dtype_name(self.dtype)
+        thread_count(self.threads)
         one_of("--backend", self.backend, BACKENDS)
         check_sigmoid(self.alpha, self.beta)
         if self.draft_vocab < 0:

@@ -116,6 +116,30 @@ def test_greedy_speculative_is_autoregressive(smollm2_blocks, smollm2):
     assert spec.stats.target_calls < 40
 
 
+def test_a_changing_thread_count_changes_no_token(smollm2_blocks, smollm2, monkeypatch):
+    """Threads (--threads auto) moving between 2 and 1 after every round, as other processes come and go: the
+    speculative output is still the target's alone on 1 thread and on 2, token for token."""
+    from test_threads import FakeCpus
+
+    from conftest import torch_threads
+    from specdec_cli.decoding import Threads, generate, threads
+    from specdec_cli.decoding.exact_rows import exact_rows
+
+    monkeypatch.setattr(threads, "PERIOD_S", 0.0)
+    target = exact_rows(smollm2_blocks.model)
+    ids = smollm2.tokenizer("Write one sentence about bees and wildflowers:", return_tensors="pt").input_ids
+    alone = {}
+    for n in (1, 2):
+        with torch_threads(n):
+            alone[n] = generate(target, None, ids, mode="autoregressive", max_new_tokens=40).tokens[0]
+    cpus = FakeCpus(2, [1.0, 0.0] * 40)
+    with torch_threads(2), Threads("auto", sample=cpus) as t:
+        spec = generate(target, smollm2.model, ids, mode="exact", gamma=3, gamma_schedule="constant",
+                        max_new_tokens=40, threads=t)
+    assert cpus.calls > 5  # the count moved every round
+    assert spec.tokens[0] == alone[1] == alone[2] and len(alone[1]) > 10
+
+
 def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     """A model's load on a CPU builds (or loads from the cache) the C++ kernels its steps run, so that no input's
     time holds a build: the products on blocks; attention by rows where exact_rows changes the model (bf16, or an

@@ -90,7 +90,8 @@ def test_generate_defaults_are_the_options_defaults():
     (dict(top_p=1.5), "--top-p"), (dict(seed=2**64), "--seed"), (dict(max_new_tokens=0), "--max-new-tokens"),
     (dict(batch_size=0), "--batch-size"), (dict(dtype="int8"), "--dtype"), (dict(backend="cuda"), "--backend"),
     (dict(alpha=5.0, beta=5.0), "--alpha"), (dict(alpha=math.nan), "--alpha"), (dict(draft_vocab=-1), "--draft-vocab"),
-    (dict(draft_stop=1.0), "--draft-stop"), (dict(target=" "), "--target"),
+    (dict(draft_stop=1.0), "--draft-stop"), (dict(target=" "), "--target"), (dict(threads="0"), "--threads"),
+    (dict(threads="two"), "--threads"), (dict(threads="1.5"), "--threads"),
 ])  # fmt: skip
 def test_each_rule_refuses_in_one_line_naming_the_option(change, flag):
     with pytest.raises(SpecdecError) as e:

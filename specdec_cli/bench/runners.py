@@ -99,7 +99,7 @@ def task_settings(config) -> list[Setting]:
                                config.draft_vocabs or [base.draft_vocab], config.draft_quantized or [base.draft_quantized])
     out = []
     for t, i, e, v, q in points:
-        opts = base.replace(draft_vocab=v, draft_quantized=q, **({"target_int8": i} if i else {}),
+        opts = base.replace(threads=str(t), draft_vocab=v, draft_quantized=q, **({"target_int8": i} if i else {}),
                             **({"encoder_int8": e} if e is not None else {}))
         label = _draft_label(opts.draft, v, q) + (", int8 target" if i else "") + (", own encoder" if e is False else "")
         out.append(Setting(t, opts, label, i, e))

@@ -12,6 +12,7 @@ stats, sampling, and the verification registry.
     stats.py     GenerationStats, GenerationResult, merge_stats, rows_share
     sampling.py  temperature, top-k, top-p; inverse-CDF sampling with caller-supplied uniforms
     verify.py    the verification contract and VERIFIERS: one entry per mode, the kernels behind it
+    threads.py   Threads: the CPU thread count of a run, fewer while other processes keep cores busy
 
 Imports run downward only: decoding uses kernels, never models, drafts, tasks, bench or the CLI.
 """
@@ -23,8 +24,9 @@ from specdec_cli.decoding.sampling import SamplingParams
 from specdec_cli.decoding.schedule import make as make_schedule
 from specdec_cli.decoding.slots import Slots
 from specdec_cli.decoding.stats import GenerationResult, GenerationStats, merge_stats, rows_share
+from specdec_cli.decoding.threads import Threads
 from specdec_cli.decoding.verify import VERIFIERS, Verifier
 
 __all__ = ["VERIFIERS", "Batch", "Decoder", "Draft", "DraftSettings", "GenerationResult", "GenerationStats",
-           "LogitsHook", "ModelDraft", "Proposal", "SamplingParams", "Seq2SeqDecoder", "Slots", "Verifier",
+           "LogitsHook", "ModelDraft", "Proposal", "SamplingParams", "Seq2SeqDecoder", "Slots", "Threads", "Verifier",
            "as_draft", "generate", "make_schedule", "merge_stats", "rows_share"]

@@ -30,6 +30,7 @@ from specdec_cli.decoding.sampling import SamplingParams, process_logits, sample
 from specdec_cli.decoding.schedule import Round
 from specdec_cli.decoding.slots import Slots
 from specdec_cli.decoding.stats import GenerationResult, GenerationStats, merge_stats
+from specdec_cli.decoding.threads import Threads
 from specdec_cli.decoding.verify import LOGITS, VERIFIERS, Verifier, verify_greedy
 from specdec_cli.errors import SpecdecError
 from specdec_cli.kernels import Verification
@@ -172,6 +173,7 @@ def generate(
     vocab_size: int | None = None,
     draft_stop_below: float = options.DecodeOptions.draft_stop,
     on_prefill=None,
+    threads: Threads | None = None,
 ) -> GenerationResult:
     """Decode `input_ids` [B, T] (any padding side; attention_mask [B, T] marks real tokens).
 
@@ -183,7 +185,8 @@ def generate(
     temperature, top-k, top-p, seed (default: greedy). vocab_size: the V both models' logits are cut to
     (models.check_compatible's answer when lm_heads carry padding rows); default: the draft's `vocab`, else the
     target's lm_head rows. draft_stop_below: end a round's drafting early when the draft is unsure
-    (ModelDraft.propose); 0 = always draft γ. on_prefill(done, total): progress through a long prompt.
+    (ModelDraft.propose); 0 = always draft γ. on_prefill(done, total): progress through a long prompt. threads:
+    the run's thread count, looked at before the prefill and after each round (threads.py; None: left as it is).
     Returns the new tokens of each row and the run's stats."""
     options.one_of("--mode", mode, MODES)
     verifier = VERIFIERS.get(mode)  # None: autoregressive
@@ -200,7 +203,8 @@ def generate(
     if draft is not None and input_ids.shape[0] > 1 and _sliding(target, draft):
         return _row_by_row(target, draft, input_ids, attention_mask, schedule, mode=mode, gamma=gamma, params=params,
                            max_new_tokens=max_new_tokens, eos_token_ids=eos, alpha=alpha, beta=beta, backend=backend,
-                           vocab_size=vocab_size, draft_stop_below=draft_stop_below, on_prefill=on_prefill)
+                           vocab_size=vocab_size, draft_stop_below=draft_stop_below, on_prefill=on_prefill,
+                           threads=threads)
     with torch.inference_mode():
         slots = Slots(input_ids, attention_mask, target.device)
         stats = GenerationStats(mode, gamma if draft is not None else 0, schedule.name, slots.rows)
@@ -211,7 +215,7 @@ def generate(
                                      keep_logits=verifier is not None and verifier.reads == LOGITS,
                                      stop_below=draft_stop_below)
             _decode(_Run(target, draft, verifier, settings, alpha, beta, backend), slots, rows, schedule, stats,
-                    on_prefill)
+                    on_prefill, threads)
     return GenerationResult(rows.tokens, rows.reasons, stats.finish(), rows.stats)
 
 
@@ -233,9 +237,12 @@ def _row_by_row(target, draft, input_ids, attention_mask, schedule, **kwargs) ->
                             stats.finish(), [s for r in results for s in r.rows])
 
 
-def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationStats, on_prefill) -> None:
+def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationStats, on_prefill,
+            threads: Threads | None) -> None:
     """Prefill, then rounds until every row is done."""
     decoders = [run.target, *(run.draft.decoders if run.draft is not None else ())]
+    tick = threads.tick if threads is not None else lambda: None
+    tick()
     t_start = _clock(run.device)
     prefill(decoders, slots, on_prefill)
     if run.draft is not None:
@@ -250,6 +257,7 @@ def _decode(run: _Run, slots: Slots, rows: _Rows, schedule, stats: GenerationSta
         stats.record(r, run.draft is not None)
         rows.count(r.gamma if run.draft is not None else 0, r.accepted, run.draft is not None)
         schedule.observe(r)
+        tick()
         going = _commit(run, slots, rows, out, r.accepted, start, stats)
         if not going:
             break

@@ -81,6 +81,8 @@ class Stage:
         if threads:
             torch.set_num_threads(int(threads))
         self.options = options if options is not None else self.options_class()
+        # fixed: the other actors on this node are planned, not load to make room for
+        self.options = self.options.replace(threads=str(torch.get_num_threads()))
         self.contenders = [tuple(c) for c in contenders] if contenders else None
         self.warmup_tokens, self.warm = warmup_tokens, set()
         self.worker = f"{socket.gethostname()}:{os.getpid()}"

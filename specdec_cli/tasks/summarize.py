@@ -13,7 +13,16 @@ from pathlib import Path
 import torch
 
 from specdec_cli import drafts
-from specdec_cli.decoding import Batch, Draft, GenerationStats, SamplingParams, generate, make_schedule, rows_share
+from specdec_cli.decoding import (
+    Batch,
+    Draft,
+    GenerationStats,
+    SamplingParams,
+    Threads,
+    generate,
+    make_schedule,
+    rows_share,
+)
 from specdec_cli.errors import SpecdecError, warn
 from specdec_cli.models import LoadedModel
 from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
@@ -148,20 +157,22 @@ def summarize(target: LoadedModel, draft: Draft | None, articles: list[Article],
     schedule = schedule or make_schedule(opts.gamma_schedule, opts.gamma)  # one for the run: what it measured carries over
     out: list[Summary] = []
     weights = weights_of(target, draft)
-    for start in range(0, len(articles), opts.batch_size):
-        chunk = slice(start, start + opts.batch_size)
-        input_ids, attention_mask = left_pad(prompts[chunk], pad)
-        fitted = draft.fit(Batch(input_ids)) if opts.speculative and draft is not None else None
-        result = generate(
-            model, fitted, input_ids.to(target.device), attention_mask.to(target.device),
-            mode=opts.mode, gamma=opts.gamma, gamma_schedule=schedule, params=params,
-            max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
-            backend=opts.backend, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
-        )
-        for k, (article, tokens, reason) in enumerate(zip(articles[chunk], result.tokens, result.finish_reasons)):
-            out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, rows_share(result, [k]), weights))
-        if on_batch:
-            on_batch(min(start + opts.batch_size, len(articles)), len(articles))
+    with Threads(opts.threads) as threads:
+        for start in range(0, len(articles), opts.batch_size):
+            chunk = slice(start, start + opts.batch_size)
+            input_ids, attention_mask = left_pad(prompts[chunk], pad)
+            fitted = draft.fit(Batch(input_ids)) if opts.speculative and draft is not None else None
+            result = generate(
+                model, fitted, input_ids.to(target.device), attention_mask.to(target.device),
+                mode=opts.mode, gamma=opts.gamma, gamma_schedule=schedule, params=params,
+                max_new_tokens=opts.max_new_tokens, eos_token_ids=eos, alpha=opts.alpha, beta=opts.beta,
+                backend=opts.backend, draft_stop_below=opts.draft_stop, on_prefill=on_prefill,
+                threads=threads,
+            )
+            for k, (article, tokens, reason) in enumerate(zip(articles[chunk], result.tokens, result.finish_reasons)):
+                out.append(Summary(article.name, summary_text(tok, tokens, eos), reason, rows_share(result, [k]), weights))
+            if on_batch:
+                on_batch(min(start + opts.batch_size, len(articles)), len(articles))
     return out
 
 

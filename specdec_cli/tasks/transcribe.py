@@ -54,6 +54,7 @@ from specdec_cli.decoding import (
     GenerationResult,
     GenerationStats,
     SamplingParams,
+    Threads,
     generate,
     make_schedule,
     merge_stats,
@@ -126,6 +127,7 @@ class _Setup:
     hook: Suppressor  # the logits hook of both decoders
     params: SamplingParams
     schedule: Any  # one for every window: what it measured carries over
+    threads: Threads  # the run's CPU threads (--threads): looked at before each batch and in the loop
 
 
 def check_target(target: LoadedModel, opts: TranscribeOptions) -> None:
@@ -147,7 +149,7 @@ def _setup(target: LoadedModel, draft: Draft | None, opts: TranscribeOptions, sc
     return _Setup(opts, target, draft if opts.speculative else None, ids, vocab,
                   max_new=max(1, min(opts.max_new_tokens, limit)),
                   hook=Suppressor(target, prompt_len, vocab, opts.timestamps), params=SamplingParams.of(opts),
-                  schedule=schedule or make_schedule(opts.gamma_schedule, opts.gamma))
+                  schedule=schedule or make_schedule(opts.gamma_schedule, opts.gamma), threads=Threads(opts.threads))
 
 
 @dataclass
@@ -229,11 +231,12 @@ def transcribe(
 
     finish_inputs()
     done = 0
-    for batch in decode_windows(setup, todo):
-        done += len(batch)
-        if on_window:
-            on_window(done, len(todo))
-        finish_inputs()
+    with setup.threads:
+        for batch in decode_windows(setup, todo):
+            done += len(batch)
+            if on_window:
+                on_window(done, len(todo))
+            finish_inputs()
     return out
 
 
@@ -273,6 +276,7 @@ def _decode_batch(setup: _Setup, batch: list[_Window]
     with speech. -> (seconds per stage, the loop's result: None when every window was silence, the windows of its
     rows)."""
     target, device = setup.target, setup.target.device
+    setup.threads.tick()
     t0 = _clock(device)
     feats = features(target, [w.window.audio for w in batch])
     t1 = _clock(device)
@@ -325,6 +329,7 @@ def _generate(setup: _Setup, rows: list[_Window], window: EncodedWindows) -> tup
         target, draft, prompts, mode=opts.mode, gamma=opts.gamma, gamma_schedule=setup.schedule,
         params=setup.params, max_new_tokens=setup.max_new, eos_token_ids=[ids.eot], alpha=opts.alpha,
         beta=opts.beta, backend=opts.backend, vocab_size=setup.vocab, draft_stop_below=opts.draft_stop,
+        threads=setup.threads,
     )
     for w, tokens, reason in zip(rows, result.tokens, result.finish_reasons):
         tokens = [t for t in tokens if t != ids.eot]

@@ -1,0 +1,90 @@
+"""torch's intra-op thread count while decoding: all cores, or fewer while other processes keep cores busy.
+
+Why: each of torch's (and the kernels') parallel regions ends when its last thread does. With a core busy
+elsewhere, one of our threads waits for the scheduler and the other for it: a step of the summarize target on its
+GGUF blocks took 122 ms on 2 threads beside one busy process, 38.5 ms on 1 (25.3 / 38.6 ms on a quiet machine;
+AMD EPYC Zen 5, 2 vCPUs; benchmarks/under_load.py has the end-to-end runs).
+
+The rule (`choose`): of the n CPUs this process may run on, `others` are kept busy by other processes (their
+CPU time over the last PERIOD_S, from /proc/stat less this process's own); use the share of `ceiling` (the
+thread count the run started with) that the free CPUs are, rounded to nearest, at least 1. Our own threads'
+time is left out of `others`, so the choice does not feed on itself. Where /proc/stat cannot be read (not
+Linux), the count stays the ceiling. Every kernel computes each output on one thread, so the count changes no
+bits (kernels/*.cpp); only the speed."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+
+from specdec_cli import options
+
+PERIOD_S = 0.5  # how often the CPUs are looked at (a tick in between costs one clock read)
+
+
+def choose(others: float, cpus: int, ceiling: int) -> int:
+    """The thread count when `others` of `cpus` CPUs are busy with other processes (see the module's rule)."""
+    free = max(0.0, cpus - others)
+    return max(1, min(ceiling, math.floor(free * ceiling / cpus + 0.5)))
+
+
+class CpuSample:
+    """(wall s, busy CPU s of the CPUs we may use, our own CPU s) at one moment; None where /proc/stat is missing."""
+
+    def __init__(self):
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+    def __call__(self) -> tuple[float, float, float] | None:
+        wanted = {f"cpu{i}" for i in self.cpus}
+        try:
+            with open("/proc/stat") as f:
+                lines = [line.split() for line in f if line.startswith("cpu")]
+        except OSError:
+            return None
+        # fields: user nice system idle iowait irq softirq steal (guest is inside user)
+        busy = sum(sum(int(v) for i, v in enumerate(f[1:9]) if i not in (3, 4)) for f in lines if f[0] in wanted)
+        return time.perf_counter(), busy * self.tick_s, time.process_time()
+
+
+class Threads:
+    """Sets torch's thread count from `setting` (parse) and, under auto, adapts it on each tick() (at most once per
+    PERIOD_S). A context manager: the count it found is set back on exit."""
+
+    def __init__(self, setting: str | int | None = options.AUTO_THREADS, sample: CpuSample | None = None):
+        fixed = options.thread_count(setting)
+        self.found = torch.get_num_threads()
+        self.ceiling = fixed or self.found
+        self.adapts = fixed is None and self.ceiling > 1
+        self.sample = sample or CpuSample()
+        self.cpus = len(self.sample.cpus) or os.cpu_count() or 1
+        self.last = self.sample() if self.adapts else None
+        torch.set_num_threads(self.ceiling)
+
+    def __enter__(self) -> Threads:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.set_num_threads(self.found)
+
+    def others(self, now, before) -> float:
+        """CPUs other processes kept busy between two samples."""
+        wall = now[0] - before[0]
+        return max(0.0, (now[1] - before[1]) - (now[2] - before[2])) / wall if wall > 0 else 0.0
+
+    def tick(self) -> None:
+        if not self.adapts or self.last is None or time.perf_counter() - self.last[0] < PERIOD_S:
+            return
+        now = self.sample()
+        if now is None:
+            self.adapts = False
+            return
+        self._set(choose(self.others(now, self.last), self.cpus, self.ceiling))
+        self.last = now
+
+    def _set(self, n: int) -> None:
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
