@@ -6,7 +6,9 @@ contenders (the start rotating), so a loaded machine loads them alike:
 
     blocks     specdec's target as summarize runs it by default (--target-quant gguf: its linears on the file's
                blocks, driven as the decoding loop drives it: decoding.llama_like, attention by rows), all k rows'
-               logits
+               logits; on AVX-512 VNNI its Q4_K and Q6_K layers from the packed form (GgufLinear.pack)
+    unpacked   the same with no packed form: every layer's product qmatmul.gguf_mm on the file's blocks (what
+               blocks ran before the packed kernel, and runs on AVX2)
     bf16       the same with --target-quant none (the GGUF dequantized to bf16: specdec before issue 30)
     llama.cpp  llama-cpp-python on the same GGUF file, the same prompt tokens, n_threads = n_threads_batch = the
                threads here (its default: logits of the last row only)
@@ -77,7 +79,8 @@ def _timed(fn) -> float:
 
 def read_bytes(model) -> dict[str, int]:
     """Bytes a one-token step reads from the linear layers (blocks or dense weights) and one embedding row."""
-    linear = sum(m.blocks.numel() if isinstance(m, GgufLinear) else m.weight.numel() * m.weight.element_size()
+    linear = sum((m.blocks if m.packed is None else m.packed).numel() if isinstance(m, GgufLinear)
+                 else m.weight.numel() * m.weight.element_size()
                  for m in model.modules() if isinstance(m, GgufLinear) or type(m) is torch.nn.Linear)
     emb = model.get_input_embeddings().weight
     return {"linear_layers": linear, "embedding_row": emb.shape[1] * emb.element_size()}
@@ -88,7 +91,7 @@ def main(argv=None):
     ap.add_argument("--article", default="examples/articles/bumblebees.txt")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--contenders", default="blocks,bf16,llama.cpp")
+    ap.add_argument("--contenders", default="blocks,unpacked,bf16,llama.cpp")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     if args.threads:
@@ -106,8 +109,15 @@ def main(argv=None):
     t = torch.tensor([ids])
     runners, sizes = {}, {}
     for name in names:
-        if name in ("blocks", "bf16"):
-            loaded = target if name == "blocks" else task.load_pair(opts.replace(target_quant="none"), progress=False)[0]
+        if name in ("blocks", "unpacked", "bf16"):
+            loaded = target if name == "blocks" else task.load_pair(
+                opts.replace(target_quant="none" if name == "bf16" else "gguf"), progress=False)[0]
+            if name == "unpacked":
+                for m in loaded.model.modules():
+                    if isinstance(m, GgufLinear):
+                        m.packed = None
+                        if m.joint is not None:
+                            m.joint.packed = None
             decoder = decoder_for(loaded.model)
             with torch.inference_mode():
                 decoder.prefill(t[:, :T], None, torch.arange(T)[None])

@@ -26,6 +26,9 @@
 //   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
 //               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
 //
+// (Q4_K and Q6_K layers on AVX-512 VNNI run instead from their weights packed at load, by an arithmetic of their
+// own, stated with it below: pack, mm_packed. A layer runs one or the other for every call of its steps and passes.)
+//
 // Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type), so the SIMD paths may add them
 // in any order; every float operation is listed above, in that order, and the file is compiled with
 // -ffp-contract=off so that no multiply and add are fused. Each output is computed by one thread, the work split
@@ -2022,6 +2025,238 @@ AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const
 }
 #endif  // QMM_X86
 
+// ---------------------------------------------------------------------------------------------------------------
+// Steps, passes and prompts alike on AVX-512 VNNI (Q4_K, Q6_K): the weights packed once, at load (pack), for
+// vpdpbusd: a zmm's 16 lanes are 16 outputs, the quants of 16 weight rows interleaved 4 at a time as the prompt's
+// Packed holds them, but 4 bits each (Q6_K: 6), so that a step reads about the file's bytes (Q4_K +2.8 %, Q6_K the
+// same). Every row of x times each unpacked weight vector: the cost of a call grows with its rows by the products
+// alone.
+//
+// The arithmetic, for one output (every tile computes it alike, whatever M, the tile or the thread):
+//   x        quantized as mm quantizes it (int8 per 256, the kernel order)
+//   a slot   32 positions of a group (Q6_K: 16): ia = Σ q·x over them (Q6_K: Σ (q − 32)·x), int32, exact
+//   a group  gacc = 0; gacc = fma(float(ia_j), d·sc_j, gacc) for its slots in order (d·sc_j exact in fp32);
+//            acc = fma(gacc, dx_g, acc)
+//   mins     Q4_K: mac = fma(dmin·m_j, xsd_j, mac) for the group's 8 sub-blocks, natural j (dmin·m_j exact);
+//            Q6_K: none (mac = 0)
+//   y        acc − mac (+ bias), rounded once to the output dtype
+// Groups in order, each with its minimums: acc and mac stay in registers through a call.
+
+// A packed group of 16 weight rows: Q4_K q [4 · 8][64] (slot j, pair t: the low nibbles quad 8j + 2t, the high ones
+// quad 8j + 2t + 1, of each row's 4 bytes at byte 4r), sc [8][16] (slot order), m [8][16] (natural), d [16],
+// dmin [16] fp16. Q6_K q [16 · 3][64] (slot j, vector v < 3: quad 4j + v in bits 0–5, bits 2v, 2v + 1 of quad
+// 4j + 3 in bits 6–7), sc [16][16] int8, d [16] fp16.
+constexpr int64_t PACKED_Q4K = 2048 + 128 + 128 + 32 + 32;
+constexpr int64_t PACKED_Q6K = 3072 + 256 + 32;
+
+inline int64_t packed_bytes(int qtype) { return qtype == Q6_K ? PACKED_Q6K : PACKED_Q4K; }
+
+// Rows [16·b0, 16·b1) of w into out [N / 16][K / 256][packed_bytes]; portable (a load's work)
+void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
+  const int64_t groups = K / 256, gb = packed_bytes(qtype);
+  const int bb = format_of(qtype).block_bytes;
+  uint8_t u[16][256];
+  int16_t s[128];
+  for (int64_t b = b0; b < b1; b++)
+    for (int64_t g = 0; g < groups; g++) {
+      uint8_t* o = out + (b * groups + g) * gb;
+      float dd[16];
+      for (int r = 0; r < 16; r++) unpack8_portable(qtype, w + (16 * b + r) * row_bytes + g * bb, u[r], s, dd[r]);
+      for (int r = 0; r < 16; r++) {
+        const uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
+        if (qtype == Q6_K) {
+          const int8_t* s6 = (const int8_t*)(blk + 192);
+          for (int j = 0; j < 16; j++) o[3072 + 16 * j + r] = (uint8_t)s6[j];
+          std::memcpy(o + 3328 + 2 * r, blk + 208, 2);
+          for (int j = 0; j < 16; j++)
+            for (int v = 0; v < 3; v++)
+              for (int i = 0; i < 4; i++)
+                o[(3 * j + v) * 64 + 4 * r + i] =
+                    (uint8_t)(u[r][16 * j + 4 * v + i] | ((u[r][16 * j + 12 + i] >> (2 * v)) & 3) << 6);
+        } else {
+          int16_t sc[8];
+          int32_t mn[8];
+          kquant_scales(blk + 4, sc, mn);
+          for (int j = 0; j < 8; j++) {
+            o[2048 + 16 * j + r] = (uint8_t)sc[SB[j]];
+            o[2176 + 16 * j + r] = (uint8_t)mn[j];
+          }
+          std::memcpy(o + 2304 + 2 * r, blk, 2);
+          std::memcpy(o + 2336 + 2 * r, blk + 2, 2);
+          for (int j = 0; j < 8; j++)
+            for (int t = 0; t < 4; t++)
+              for (int i = 0; i < 4; i++)
+                o[(4 * j + t) * 64 + 4 * r + i] =
+                    (uint8_t)(u[r][32 * j + 8 * t + i] | u[r][32 * j + 8 * t + 4 + i] << 4);
+        }
+      }
+    }
+}
+
+#if QMM_X86
+// R rows (x: xq8 or Q6_K's xu, [M, K] kernel order) × 16 outputs of block b over every group, into y
+template <int QT, int R, typename O>
+VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* xs16, int64_t m0,
+                         int64_t b, O* y) {
+  const int64_t groups = c.K / 256, gb = QT == Q6_K ? PACKED_Q6K : PACKED_Q4K;
+  const __m512i lo4 = _mm512_set1_epi8(15);
+  __m512 acc[R], mac[R];
+  for (int r = 0; r < R; r++) acc[r] = mac[r] = _mm512_setzero_ps();
+  const uint8_t* xr[R];
+  for (int r = 0; r < R; r++) xr[r] = xs + (m0 + r) * c.K;
+  const uint8_t* o = pk + b * groups * gb;
+  for (int64_t g = 0; g < groups; g++, o += gb) {
+    for (int64_t p = 2048; p < gb; p += 64) _mm_prefetch((const char*)(o + PREFETCH_BYTES + p), _MM_HINT_T0);
+    __m512 gacc[R];
+    for (int r = 0; r < R; r++) gacc[r] = _mm512_setzero_ps();
+    if constexpr (QT == Q6_K) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 3328)));
+      const __m512i m6 = _mm512_set1_epi8(63), m2 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(15);
+#pragma GCC unroll 2
+      for (int j = 0; j < 16; j++) {
+        __m512i v[3], w[4];
+        for (int k = 0; k < 3; k++) {
+          _mm_prefetch((const char*)(o + PREFETCH_BYTES + (3 * j + k) * 64), _MM_HINT_T0);
+          v[k] = _mm512_loadu_si512(o + (3 * j + k) * 64);
+          w[k] = _mm512_and_si512(v[k], m6);
+        }
+        // quad 3: bits 6–7 of the three, as bits 0–1, 2–3, 4–5 (0xE4: A where C, else B)
+        const __m512i t = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v[0], 6), _mm512_srli_epi16(v[1], 4), m2, 0xE4);
+        w[3] = _mm512_and_si512(_mm512_ternarylogic_epi32(t, _mm512_srli_epi16(v[2], 2), m4, 0xE4), m6);
+        __m512i ia[R];
+        for (int r = 0; r < R; r++) ia[r] = _mm512_set1_epi32(-32 * xs16[(m0 + r) * (c.K / 16) + 16 * g + j]);
+        for (int k = 0; k < 4; k++)
+          for (int r = 0; r < R; r++) {
+            int32_t xv;
+            std::memcpy(&xv, xr[r] + g * 256 + 16 * j + 4 * k, 4);
+            ia[r] = _mm512_dpbusd_epi32(ia[r], w[k], _mm512_set1_epi32(xv));
+          }
+        const __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(o + 3072 + 16 * j)))));
+        for (int r = 0; r < R; r++) gacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), s, gacc[r]);
+      }
+      for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(gacc[r], _mm512_set1_ps(c.dx[(m0 + r) * groups + g]), acc[r]);
+    } else {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2304)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2336)));
+#pragma GCC unroll 2
+      for (int j = 0; j < 8; j++) {
+        __m512i ia[R];
+        for (int r = 0; r < R; r++) ia[r] = _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) {
+          _mm_prefetch((const char*)(o + PREFETCH_BYTES + (4 * j + t) * 64), _MM_HINT_T0);
+          const __m512i v = _mm512_loadu_si512(o + (4 * j + t) * 64);
+          const __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+          for (int r = 0; r < R; r++) {
+            int32_t x0, x1;
+            std::memcpy(&x0, xr[r] + g * 256 + 32 * j + 8 * t, 4);
+            std::memcpy(&x1, xr[r] + g * 256 + 32 * j + 8 * t + 4, 4);
+            ia[r] = _mm512_dpbusd_epi32(ia[r], w0, _mm512_set1_epi32(x0));
+            ia[r] = _mm512_dpbusd_epi32(ia[r], w1, _mm512_set1_epi32(x1));
+          }
+        }
+        const __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2048 + 16 * j)))));
+        for (int r = 0; r < R; r++) gacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), s, gacc[r]);
+      }
+      for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(gacc[r], _mm512_set1_ps(c.dx[(m0 + r) * groups + g]), acc[r]);
+      for (int j = 0; j < 8; j++) {
+        const __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2176 + 16 * j)))));
+        for (int r = 0; r < R; r++) mac[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(c.xsd[(m0 + r) * c.S16 + 8 * g + j]), mac[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    __m512 v = _mm512_sub_ps(acc[r], mac[r]);
+    if (c.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(c.bias + 16 * b));
+    if constexpr (std::is_same_v<O, float>) _mm512_storeu_ps(y + (m0 + r) * c.N + 16 * b, v);
+    else _mm256_storeu_si256((__m256i*)(y + (m0 + r) * c.N + 16 * b), bf16_rne(v));
+  }
+}
+
+// Every row of the call for blocks [b0, b1): tiles of ≤ PACKED_TILE rows, of sizes as equal as they can be
+constexpr int PACKED_TILE = 6;
+template <int QT, typename O>
+VNNI_FN void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* xs16, int64_t b0,
+                           int64_t b1, O* y) {
+  const int64_t tiles = (c.M + PACKED_TILE - 1) / PACKED_TILE;
+  for (int64_t b = b0; b < b1; b++)
+    for (int64_t t = 0, m = 0; t < tiles; t++) {
+      const int64_t rows = (c.M - m) / (tiles - t) + ((c.M - m) % (tiles - t) ? 1 : 0);
+      switch (rows) {
+        case 6: packed_tile<QT, 6, O>(c, pk, xs, xs16, m, b, y); break;
+        case 5: packed_tile<QT, 5, O>(c, pk, xs, xs16, m, b, y); break;
+        case 4: packed_tile<QT, 4, O>(c, pk, xs, xs16, m, b, y); break;
+        case 3: packed_tile<QT, 3, O>(c, pk, xs, xs16, m, b, y); break;
+        case 2: packed_tile<QT, 2, O>(c, pk, xs, xs16, m, b, y); break;
+        default: packed_tile<QT, 1, O>(c, pk, xs, xs16, m, b, y); break;
+      }
+      m += rows;
+    }
+}
+#endif  // QMM_X86
+
+// The packed form of w [N, row_bytes] (Q4_K or Q6_K, N a multiple of 16): [N / 16, K / 256, packed_bytes] uint8
+torch::Tensor pack(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
+  TORCH_CHECK(qtype == Q4_K || qtype == Q6_K, "qmatmul.pack: Q4_K or Q6_K only");
+  TORCH_CHECK(N % 16 == 0 && K % 256 == 0, "qmatmul.pack: N must be a multiple of 16, K of 256");
+  const int64_t row_bytes = K / 256 * format_of(qtype).block_bytes;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
+              "qmatmul.pack: w must hold N · ", row_bytes, " contiguous bytes");
+  auto out = torch::empty({N / 16, K / 256, packed_bytes((int)qtype)}, torch::kUInt8);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / 16, 4, [&](int64_t b0, int64_t b1) { pack_rows(wp, (int)qtype, K, row_bytes, b0, b1, op); });
+  return out;
+}
+
+// y = x · Wᵀ (+ bias) from pack's form of W (AVX-512 VNNI), any number of rows: x [..., K] fp32 or bf16 -> [..., N]
+torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
+                        c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(qtype == Q4_K || qtype == Q6_K, "qmatmul.mm_packed: Q4_K or Q6_K only");
+  TORCH_CHECK(best_path() == AVX512VNNI, "qmatmul.mm_packed: needs AVX-512 VNNI");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+              packed.numel() == N / 16 * (K / 256) * packed_bytes((int)qtype) && N % 16 == 0,
+              "qmatmul.mm_packed: packed must be pack()'s form of an [N, K] weight");
+  const Format f = format_of(qtype);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K && K % 256 == 0, "qmatmul.mm_packed: x must be [..., K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "qmatmul.mm_packed: x must be fp32 or bf16");
+  auto shape = x.sizes().vec();
+  shape.back() = N;
+  auto xx = x.reshape({-1, K}).contiguous();
+  const int64_t M = xx.size(0);
+  torch::Tensor b;
+  if (bias && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == N, "qmatmul.mm_packed: bias must be [N]");
+  }
+  auto out = torch::empty(shape, xx.options());
+  if (M == 0 || N == 0) return out;
+  std::vector<int8_t> xq8(M * K);
+  std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
+  Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
+         b.defined() ? b.data_ptr<float>() : nullptr, nullptr, nullptr};
+  quantize_rows(xx, c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
+  std::vector<int32_t> xs16(qtype == Q6_K ? M * (K / 16) : 0);  // Q6_K: Σ x per 16 (its slots), for the −32
+  for (int64_t i = 0; i < (int64_t)xs16.size(); i++) {
+    int32_t t = 0;
+    for (int e = 0; e < 16; e++) t += xq8[16 * i + e];
+    xs16[i] = t;
+  }
+#if QMM_X86
+  const uint8_t* pk = packed.data_ptr<uint8_t>();
+  const uint8_t* xs = (const uint8_t*)xq8.data();
+  auto run = [&](auto* y) {
+    using O = std::remove_pointer_t<decltype(y)>;
+    chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
+      if (qtype == Q6_K) packed_blocks<Q6_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
+      else packed_blocks<Q4_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
+    });
+  };
+  if (xx.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  else run((uint16_t*)out.data_ptr<c10::BFloat16>());
+#endif
+  return out;
+}
+
 // A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias) {
@@ -2070,6 +2305,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
   m.def("dequantize", &dequantize, "the weights as the file means them, into out [N, K] fp32 or bf16");
   m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)");
+  m.def("pack", &pack, "the packed form of Q4_K / Q6_K weights, for mm_packed");
+  m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI)");
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
 }

@@ -2,6 +2,8 @@
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
     dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
+    packed_mm     Q4_K / Q6_K on AVX-512 VNNI: from weights packed once (pack), every call, its cost nearly flat
+                  in the rows of a pass
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
 
@@ -83,6 +85,33 @@ def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | 
         return out.copy_(gb.dequantize(qtype, blocks, N, K))
     ext.dequantize(blocks.reshape(N, -1), gb.type_id(qtype), N, K, out, PATHS.get(path, 0))
     return out
+
+
+PACKED_TYPES = ("q4_k", "q6_k")  # pack / mm_packed's (AVX-512 VNNI): a Q4_K_M file's K-quants
+
+
+def packs(qtype, N: int) -> bool:
+    """Whether a weight of this type and N outputs runs from pack()'s form here: Q4_K or Q6_K, N a multiple of 16,
+    the kernel built, a CPU with AVX-512 VNNI, no path forced (SPECDEC_QMATMUL)."""
+    if gb.type_name(qtype) not in PACKED_TYPES or N % 16 or _forced() != "auto":
+        return False
+    ext = extension()
+    return ext is not None and ext.best_path() == PATHS["avx512"]
+
+
+def pack(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
+    """The file's blocks [N, row_bytes] in packed_mm's form: [N / 16, K / 256, bytes] uint8, 16 weight rows
+    interleaved 4 quants at a time, about the file's size (qmatmul.cpp). Only where packs() says so."""
+    return extension().pack(blocks.reshape(N, -1), gb.type_id(qtype), N, K)
+
+
+def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype (fp32 and bf16; others through fp32), from pack()'s form:
+    one kernel for steps, passes and prompts, each row computed alike whatever the others (qmatmul.cpp)."""
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        return packed_mm(x.float(), packed, qtype, N, K, bias).to(x.dtype)
+    return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias)
 
 
 PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants

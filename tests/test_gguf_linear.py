@@ -140,6 +140,53 @@ def test_a_changing_thread_count_changes_no_token(smollm2_blocks, smollm2, monke
     assert spec.tokens[0] == alone[1] == alone[2] and len(alone[1]) > 10
 
 
+def test_packed_layers_give_a_pass_the_bits_of_steps():
+    """A tiny Llama whose every linear is a Q4_K or Q6_K GgufLinear run from the packed form (where it runs: AVX-512
+    VNNI): a pass's rows are its steps' bits, greedy speculative output (a differently quantized twin drafting) is
+    the autoregressive output, and q, k, v and gate, up joined read views of their joint layer's packed form."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_cli.decoding import generate
+    from specdec_cli.decoding.exact_rows import exact_rows
+    from specdec_cli.models import gguf_linear
+
+    if not qmatmul.packs("q4_k", 16):
+        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1)
+    torch.manual_seed(0)
+
+    def on_blocks(types):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+                   if type(child) is nn.Linear]
+        for i, (parent, name, child) in enumerate(linears):
+            q, n, k = types[i % len(types)], child.out_features, child.in_features
+            layer = (GgufLinear.quantized(child, q) if q in gb.QUANTIZABLE else  # Q4_K: plausible random blocks
+                     GgufLinear(gb.random_blocks(q, n, k, seed=i, scale=0.05), q, k, n, None, torch.bfloat16))
+            setattr(parent, name, layer)
+        gguf_linear._join_siblings(model)
+        gguf_linear._pack(model)
+        return model
+
+    target, draft = on_blocks(["q4_k", "q6_k"]), on_blocks(["q6_k"])
+    layers = gguf_layers(target)
+    assert all(layer.packed is not None for layer in layers)
+    for layer in layers:
+        if layer.joint is not None:  # a view of the joint's packed rows
+            base = layer.joint.packed.data_ptr()
+            assert base <= layer.packed.data_ptr() < base + layer.joint.packed.numel()
+    model = exact_rows(target)
+    ids = torch.randint(2, 512, (1, 30), generator=torch.Generator().manual_seed(3))
+    for k in (2, 5, 9, 17):
+        steps, passed = _steps_and_pass(model, ids, k)
+        bad = [i for i in range(k) if not torch.equal(steps[i], passed[i])]
+        assert not bad, f"k={k}: rows {bad} of the pass differ from their steps"
+    alone = generate(model, None, ids[:, :12], mode="autoregressive", max_new_tokens=30)
+    spec = generate(model, draft, ids[:, :12], mode="exact", gamma=6, gamma_schedule="constant", max_new_tokens=30)
+    assert spec.tokens[0] == alone.tokens[0] and len(alone.tokens[0]) == 30
+
+
 def test_loading_builds_the_kernels_a_step_runs(monkeypatch):
     """A model's load on a CPU builds (or loads from the cache) the C++ kernels its steps run, so that no input's
     time holds a build: the products on blocks; attention by rows where exact_rows changes the model (bf16, or an

@@ -260,8 +260,8 @@ def _prompt_kernel_here() -> bool:
     return ext is not None and ext.best_path() >= qmatmul.PATHS["avx2"]
 
 
-def _prompt_within_rounding(name, blocks, x, bias):
-    """mm_prompt against the product of the quantized x (the twin's quantize_rows, the same values) and the file's
+def _prompt_within_rounding(name, blocks, x, bias, product=None):
+    """mm_prompt (or `product`(x[:M]), e.g. the packed kernel, whose fp32 operations are as many or fewer) against the product of the quantized x (the twin's quantize_rows, the same values) and the file's
     weights in fp64, within the kernel's fp32 operations' rounding: per output, one rounding each for a slot's scale,
     the slots' sum over a group, the groups' sum, the minimums' (Q6_K: a group's offset), the bias, 2⁻²³ each (twice
     the unit) on the magnitude of every term: (|x_q| + 128)·dx (Q6_K's x + 128) times |w| + 2·|dmin·m| (a quant's
@@ -280,7 +280,7 @@ def _prompt_within_rounding(name, blocks, x, bias):
     ops = slots + K // 256 + per + 2
     tol = ops * 2.0**-23 * (((xq.double().abs() + 128) * dxk) @ (w.abs() + 2 * mins).T + bias.double().abs())
     for M in (37, 35, 34, 33, 32):
-        got = qmatmul.prompt_mm(x[:M], blocks, name, N, K, bias)
+        got = product(x[:M]) if product else qmatmul.prompt_mm(x[:M], blocks, name, N, K, bias)
         assert got.dtype == torch.float32 and got.shape == (M, N)
         assert ((got.double() - want[:M]).abs() <= tol[:M]).all(), (M, ((got.double() - want[:M]).abs() / tol[:M]).max())
 
@@ -310,11 +310,15 @@ EXTREME_QUANTS = {"q4_k": [(16, 144, 0xFF)], "q5_k": [(16, 176, 0xFF)], "q6_k": 
 
 @pytest.mark.parametrize("name", qmatmul.PROMPT_TYPES)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_the_prompt_kernel_at_the_ends_of_its_integer_ranges(name, sign):
+@pytest.mark.parametrize("kernel", ["prompt", "packed"])
+def test_the_prompt_kernel_at_the_ends_of_its_integer_ranges(name, sign, kernel):
     """Every quant at its largest magnitude and every x at ±127 once quantized: the kernels' int16 sums of pairs
-    (a slot's for Q4_K, half a slot's for Q5_K and Q6_K) reach their bounds and must not wrap or saturate."""
+    (a slot's for Q4_K, half a slot's for Q5_K and Q6_K) reach their bounds and must not wrap or saturate; the
+    packed kernel's Q6_K −32 · Σ x start and its quants' bits 6–7 at their ends."""
     if not _prompt_kernel_here():
         pytest.skip("the prompt kernel runs on AVX-512 VNNI and AVX2 (elsewhere a prompt is a dense product)")
+    if kernel == "packed" and not (name in qmatmul.PACKED_TYPES and _packed_here()):
+        pytest.skip("the packed kernel: Q4_K and Q6_K on AVX-512 VNNI")
     N, K = 32, 512
     blocks = gb.random_blocks(name, N, K, seed=3).reshape(N, K // 256, -1).clone()
     for a, b, v in EXTREME_QUANTS[name]:
@@ -322,7 +326,11 @@ def test_the_prompt_kernel_at_the_ends_of_its_integer_ranges(name, sign):
     blocks = blocks.reshape(N, -1)
     x = torch.full((37, K), sign)
     x[1::2] *= 3.0  # other rows, other dx
-    _prompt_within_rounding(name, blocks, x, torch.zeros(N))
+    product = None
+    if kernel == "packed":
+        packed = qmatmul.pack(blocks, name, N, K)
+        product = lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, torch.zeros(N))  # noqa: E731
+    _prompt_within_rounding(name, blocks, x, torch.zeros(N), product)
 
 
 def test_the_prompt_kernel_runs_only_where_it_can():
@@ -332,3 +340,55 @@ def test_the_prompt_kernel_runs_only_where_it_can():
     assert qmatmul.prompt_mm(x, gb.random_blocks("q8_0", 32, 256), "q8_0", 32, 256) is None
     if _prompt_kernel_here():
         assert qmatmul.prompt_mm(x, blocks[:32], "q4_k", 32, 256) is not None
+
+
+def _packed_here() -> bool:
+    return qmatmul.packs("q4_k", 16)
+
+
+@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
+def test_the_packed_kernel_is_the_quantized_product(name):
+    """packed_mm (steps, passes and prompts of Q4_K and Q6_K layers on AVX-512 VNNI) quantizes x as mm does and
+    differs from the exact product of those integers only in its fp32 operations; the packed form is about the
+    file's size (a step reads about its bytes)."""
+    if not _packed_here():
+        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    N, K = 48, 768
+    blocks = gb.random_blocks(name, N, K, seed=8)
+    packed = qmatmul.pack(blocks, name, N, K)
+    assert packed.dtype == torch.uint8 and packed.numel() <= 1.03 * blocks.numel()
+    bias = torch.randn(N)
+    x = torch.randn(37, K, generator=torch.Generator().manual_seed(1))
+    x[:, 9] *= 40
+    _prompt_within_rounding(name, blocks, x, bias, lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, bias))
+
+
+@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
+def test_the_packed_kernel_computes_each_row_alike(name):
+    """Each row's output is the same bits whatever the other rows of its call (every split into tiles of up to 6
+    rows, 1 to 40 rows), the thread count, and its input as bf16 is the fp32 result rounded once."""
+    if not _packed_here():
+        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    N, K = 64, 512
+    blocks = gb.random_blocks(name, N, K, seed=5)
+    packed = qmatmul.pack(blocks, name, N, K)
+    bias = torch.randn(N)
+    x = torch.randn(40, K, generator=torch.Generator().manual_seed(2))
+    full = qmatmul.packed_mm(x, packed, name, N, K, bias)
+    for M in range(1, 41):
+        assert torch.equal(qmatmul.packed_mm(x[:M], packed, name, N, K, bias), full[:M]), M
+    for m in (0, 17, 39):
+        assert torch.equal(qmatmul.packed_mm(x[m], packed, name, N, K, bias), full[m])
+    with torch_threads(1):
+        assert torch.equal(qmatmul.packed_mm(x, packed, name, N, K, bias), full)
+    xb = x[:9].to(torch.bfloat16)
+    got = qmatmul.packed_mm(xb[None], packed, name, N, K, bias)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, 9, N)
+    assert torch.equal(got[0], qmatmul.packed_mm(xb.float(), packed, name, N, K, bias).to(torch.bfloat16))
+
+
+def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
+    assert not qmatmul.packs("q4_k", 40)  # N not a multiple of 16
+    assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q5_k", 32)
+    monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # a forced path: the blocks as they are
+    assert not qmatmul.packs("q4_k", 32)

@@ -2,7 +2,8 @@
 Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
 A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
 runs (the K-quants on AVX-512 VNNI: activations quantized as the steps quantize them), else multiplies the same
-weights dequantized to x's dtype.
+weights dequantized to x's dtype. Steps and passes of Q4_K and Q6_K layers on AVX-512 VNNI run from the weights
+packed once at load (GgufLinear.pack, qmatmul.packed_mm): a 9-row pass then costs little more than a step.
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     join                layers that read the same input (q, k, v; gate, up) laid side by side in one buffer, and the
@@ -71,11 +72,22 @@ class GgufLinear(nn.Module):
                              f"not {blocks.dtype} {tuple(blocks.shape)}")
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+        self.register_buffer("packed", None, persistent=False)  # qmatmul.pack's form, where pack() made it
         self.weight = torch.empty(out_features, in_features, dtype=dtype, device="meta")
+
+    def pack(self) -> GgufLinear:
+        """Also hold the weights in qmatmul's packed form where its kernel runs here (qmatmul.packs: Q4_K, Q6_K on
+        AVX-512 VNNI): steps and passes then run from it, their cost nearly flat in a pass's rows. About the
+        blocks' size again, in RAM. Returns self."""
+        if self.packed is None and qmatmul.packs(self.qtype, self.out_features):
+            self.packed = qmatmul.pack(self.blocks, self.qtype, self.out_features, self.in_features)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() >= 2 and x.shape[-2] > PREFILL_TOKENS:  # [.., T, in] with T past any pass: a prefill
             return self.prefill(x)
+        if self.packed is not None:
+            return qmatmul.packed_mm(x, self.packed, self.qtype, self.out_features, self.in_features, self.bias)
         return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
 
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +119,8 @@ class GgufLinear(nn.Module):
     def rows(self, ids: torch.Tensor) -> GgufLinear:
         """The layer restricted to output rows `ids` (a subset head): each row's blocks are its own."""
         bias = None if self.bias is None else self.bias[ids]
-        return GgufLinear(self.blocks[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
+        layer = GgufLinear(self.blocks[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
+        return layer.pack() if self.packed is not None else layer
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qtype}, bias={self.bias is not None}"
@@ -132,6 +145,19 @@ def join(parts: list[GgufLinear]) -> GgufLinear | None:
         p.__dict__.update(joint=joint, joint_start=start)
         start += p.out_features
     return joint
+
+
+def _pack(model: nn.Module) -> None:
+    """pack() every GgufLinear of `model` whose product runs from the packed form here; a joined part's form is a
+    view of its joint layer's rows (its rows a whole number of 16-row blocks), so nothing is packed twice."""
+    for layer in gguf_layers(model):
+        joint = layer.joint
+        if joint is None:
+            layer.pack()
+        elif joint.pack().packed is not None and layer.joint_start % 16 == 0 and layer.out_features % 16 == 0:
+            layer.packed = joint.packed[layer.joint_start // 16 : (layer.joint_start + layer.out_features) // 16]
+        else:
+            layer.pack()
 
 
 def _join_siblings(model: nn.Module) -> int:
@@ -190,6 +216,7 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> dict[str, int]:
     if getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
     _join_siblings(model)
+    _pack(model)
     return counts
 
 
