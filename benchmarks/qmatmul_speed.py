@@ -18,6 +18,8 @@ in the same rounds. The machine is shared: contenders run A B C A B C ..., start
     q4_k-prompt, q5_k-prompt, q6_k-prompt   its prompt kernel (qmatmul.prompt_mm, AVX-512 VNNI or AVX2): 16 weight
                 rows unpacked and interleaved every call, then 64 products an instruction with a zmm's lanes 16
                 outputs. The packing is most of a small call; time(M) − time(1) is what a row costs that way
+    q4_k-packed, q6_k-packed   its kernel for steps and passes from weights packed once (qmatmul.pack /
+                packed_mm, AVX-512 VNNI): what GgufLinear runs there for calls of up to 33 rows
 
 Each contender rotates over copies of its weight that together exceed the last-level cache (--cache-mb), so a
 call reads its weight from memory as a model's layer does, not from a warm cache.
@@ -26,6 +28,8 @@ call reads its weight from memory as a model's layer does, not from a warm cache
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes gate_up --rows 1,9 --contenders bf16,q4_k --json out.json
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes gate_up,down --rows 1,2,5,9,16 \
         --contenders bf16,q4_k,q4_k-prompt,q6_k,q6_k-prompt   # what a row costs each way
+    .venv/bin/python benchmarks/qmatmul_speed.py --rows 1,2,5,9,17,33 \
+        --contenders bf16,q4_k,q4_k-packed,q6_k,q6_k-packed   # steps and passes, unpacked and packed
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes w_qkv,w_proj,w_fc1,w_fc2,w_output --rows 1,5,11 \
         --contenders bf16,fbgemm-i8,i8rows,q8_0      # Whisper base's decoder: transcribe --target-int8
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes w_proj,w_fc1,w_fc2,w_output --rows 1,4,11,44 \
@@ -47,6 +51,7 @@ from specdec_cli.bench.machine import cpu_model
 
 # (N out, K in) of the embedded target's linear layers; q/o and k/v and gate/up share a shape
 SHAPES = {"q_o": (1536, 1536), "k_v": (256, 1536), "gate_up": (8960, 1536), "down": (1536, 8960),
+          "qkv": (2048, 1536), "gate_up_joint": (17920, 1536),  # as GgufLinear joins them (models/gguf_linear.join)
           "output": (151936, 1536)}
 DEFAULT_SHAPES = ",".join(SHAPES)
 # Whisper base's decoder (transcribe --target-int8): q, k, v joined (the self draft's), a 512 × 512 projection,
@@ -181,12 +186,26 @@ def make_prompt(qtype):
     return make
 
 
+def make_packed(qtype):
+    def make(N, K, cache_mb):
+        from specdec_cli.kernels import qmatmul
+
+        if not qmatmul.packs(qtype, N):
+            raise RuntimeError("the packed kernel does not run here (qmatmul.packs)")
+        packed = [qmatmul.pack(qmatmul.random_blocks(qtype, N, K, seed=s), qtype, N, K)
+                  for s in range(_copies(qmatmul.block_bytes(qtype, N, K), cache_mb))]
+        return lambda x, i: qmatmul.packed_mm(x, packed[i % len(packed)], qtype, N, K)
+
+    return make
+
+
 CONTENDERS = {"bf16": make_bf16, "fp32": make_fp32, "f32rows": make_f32rows, "bf16rows": make_bf16rows,
               "bf16pair": make_bf16pair, "int8pack": make_int8pack, "int4pack": make_int4pack, "fbgemm-i8": make_fbgemm,
               "i8rows": make_i8rows, "ao-i8wo": make_ao_i8wo, "inductor-i8": make_inductor("i8"), "inductor-i4": make_inductor("i4")}
 GGUF_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 CONTENDERS.update({t: make_gguf(t) for t in GGUF_TYPES})
 CONTENDERS.update({f"{t}-prompt": make_prompt(t) for t in ("q4_k", "q5_k", "q6_k")})
+CONTENDERS.update({f"{t}-packed": make_packed(t) for t in ("q4_k", "q6_k")})
 
 
 def measure(fns: dict, x: torch.Tensor, rounds: int, target_s: float) -> dict[str, list[float]]:
