@@ -1895,21 +1895,31 @@ VNNI_FN void prompt_rows(const Call& c, const Packed* const* p, const int8_t* xq
   }
 }
 
+template <int QT>
+VNNI_FN void unpack16(const Call& c, const uint8_t* pk, int64_t b, Packed& p);  // below, with pack's form
+
+// pk: pack()'s form of the weights (Q4_K, Q6_K), read in place of the file's blocks (no gather; the same Packed)
 template <int QT, typename O>
 VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, const float* xm, int64_t S, int64_t xs,
-                           O* y) {
+                           O* y, const uint8_t* pk = nullptr) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32;
+  auto fill = [&](int64_t b, Packed& p) {
+    if constexpr (QT != Q5_K) {
+      if (pk) return unpack16<QT>(c, pk, b, p);
+    }
+    pack16<QT>(c, 16 * b, p);
+  };
   chunks(c.N / 16, 2, [&](int64_t b0, int64_t b1) {
     Packed p0(c.K, SLOT), p1(c.K, SLOT);
     const Packed* two[2] = {&p0, &p1};
     int64_t b = b0;
     for (; b + 2 <= b1; b += 2) {
-      pack16<QT>(c, 16 * b, p0);
-      pack16<QT>(c, 16 * (b + 1), p1);
+      fill(b, p0);
+      fill(b + 1, p1);
       prompt_rows<QT, 2, O>(c, two, xq, dx, xm, S, xs, 16 * b, y);
     }
     if (b < b1) {
-      pack16<QT>(c, 16 * b, p0);
+      fill(b, p0);
       prompt_rows<QT, 1, O>(c, two, xq, dx, xm, S, xs, 16 * b, y);
     }
   });
@@ -2094,6 +2104,19 @@ void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_
 }
 
 #if QMM_X86
+// Q6_K slot j of a packed group o: its four quads' 6-bit quants (unsigned) from its three vectors
+VNNI_FN inline __attribute__((always_inline)) void q6_quads(const uint8_t* o, int j, __m512i* w) {
+  const __m512i m6 = _mm512_set1_epi8(63), m2 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(15);
+  __m512i v[3];
+  for (int k = 0; k < 3; k++) {
+    v[k] = _mm512_loadu_si512(o + (3 * j + k) * 64);
+    w[k] = _mm512_and_si512(v[k], m6);
+  }
+  // quad 3: bits 6–7 of the three, as bits 0–1, 2–3, 4–5 (0xE4: A where C, else B)
+  const __m512i t = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v[0], 6), _mm512_srli_epi16(v[1], 4), m2, 0xE4);
+  w[3] = _mm512_and_si512(_mm512_ternarylogic_epi32(t, _mm512_srli_epi16(v[2], 2), m4, 0xE4), m6);
+}
+
 // R rows (x: xq8 or Q6_K's xu, [M, K] kernel order) × 16 outputs of block b over every group, into y
 template <int QT, int R, typename O>
 VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* xs16, int64_t m0,
@@ -2111,18 +2134,11 @@ VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, co
     for (int r = 0; r < R; r++) gacc[r] = _mm512_setzero_ps();
     if constexpr (QT == Q6_K) {
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 3328)));
-      const __m512i m6 = _mm512_set1_epi8(63), m2 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(15);
 #pragma GCC unroll 2
       for (int j = 0; j < 16; j++) {
-        __m512i v[3], w[4];
-        for (int k = 0; k < 3; k++) {
-          _mm_prefetch((const char*)(o + PREFETCH_BYTES + (3 * j + k) * 64), _MM_HINT_T0);
-          v[k] = _mm512_loadu_si512(o + (3 * j + k) * 64);
-          w[k] = _mm512_and_si512(v[k], m6);
-        }
-        // quad 3: bits 6–7 of the three, as bits 0–1, 2–3, 4–5 (0xE4: A where C, else B)
-        const __m512i t = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v[0], 6), _mm512_srli_epi16(v[1], 4), m2, 0xE4);
-        w[3] = _mm512_and_si512(_mm512_ternarylogic_epi32(t, _mm512_srli_epi16(v[2], 2), m4, 0xE4), m6);
+        for (int k = 0; k < 3; k++) _mm_prefetch((const char*)(o + PREFETCH_BYTES + (3 * j + k) * 64), _MM_HINT_T0);
+        __m512i w[4];
+        q6_quads(o, j, w);
         __m512i ia[R];
         for (int r = 0; r < R; r++) ia[r] = _mm512_set1_epi32(-32 * xs16[(m0 + r) * (c.K / 16) + 16 * g + j]);
         for (int k = 0; k < 4; k++)
@@ -2192,6 +2208,51 @@ VNNI_FN void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, 
       m += rows;
     }
 }
+
+// Packed (the prompt kernel's) for block b from pack()'s form: the bytes and floats pack16 makes from the file's blocks
+// (the same values: d·sc and dmin·m exact; Q6_K's q − 32 and its mn from the same integers, the same float steps)
+template <int QT>
+VNNI_FN void unpack16(const Call& c, const uint8_t* pk, int64_t b, Packed& p) {
+  const int64_t groups = c.K / 256, gb = QT == Q6_K ? PACKED_Q6K : PACKED_Q4K;
+  const __m512i lo4 = _mm512_set1_epi8(15);
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* o = pk + (b * groups + g) * gb;
+    uint8_t* q = p.q.data() + g * 64 * 64;  // quads 64g ..
+    if constexpr (QT == Q6_K) {
+      const __m512i k32 = _mm512_set1_epi8(32), ones = _mm512_set1_epi8(1);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 3328)));
+      __m512i sum = _mm512_setzero_si512();
+      for (int j = 0; j < 16; j++) {
+        __m512i w[4];
+        q6_quads(o, j, w);
+        __m512i tj = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+          const __m512i qs = _mm512_sub_epi8(w[k], k32);  // q − 32, signed
+          _mm512_storeu_si512(q + (4 * j + k) * 64, qs);
+          tj = _mm512_dpbusd_epi32(tj, ones, qs);  // Σ (q − 32) over the slot, per row
+        }
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(o + 3072 + 16 * j)));
+        sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(sc, tj));
+        _mm512_storeu_ps(p.s.data() + (g * 16 + j) * 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+      }
+      _mm512_storeu_ps(p.mn.data() + g * 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(128.f), d), _mm512_cvtepi32_ps(sum)));
+    } else {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2304)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2336)));
+      for (int j = 0; j < 8; j++) {
+        for (int t = 0; t < 4; t++) {
+          const __m512i v = _mm512_loadu_si512(o + (4 * j + t) * 64);
+          _mm512_storeu_si512(q + (8 * j + 2 * t) * 64, _mm512_and_si512(v, lo4));
+          _mm512_storeu_si512(q + (8 * j + 2 * t + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+        }
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2048 + 16 * j))));
+        const __m512 mv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2176 + 16 * j))));
+        _mm512_storeu_ps(p.s.data() + (g * 8 + j) * 16, _mm512_mul_ps(d, sc));
+        _mm512_storeu_ps(p.mn.data() + (g * 8 + j) * 16, _mm512_mul_ps(dmin, mv));
+      }
+    }
+  }
+}
 #endif  // QMM_X86
 
 // The packed form of w [N, row_bytes] (Q4_K or Q6_K, N a multiple of 16): [N / 16, K / 256, packed_bytes] uint8
@@ -2258,8 +2319,9 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
 }
 
 // A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
+// packed: pack()'s form of w, read instead (AVX-512 VNNI, Q4_K and Q6_K; the same values), or undefined.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
-                        c10::optional<torch::Tensor> bias) {
+                        c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> packed) {
   TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K only");
   const int path = best_path();
   TORCH_CHECK(path >= AVX2, "qmatmul.mm_prompt: needs AVX2 or AVX-512 VNNI");
@@ -2277,17 +2339,24 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
                 dx.data(), xsd.data());
   if (qtype == Q6_K && !wide)
     for (auto& v : xq8) v = (int8_t)((uint8_t)v ^ 0x80);
+  const uint8_t* pk = nullptr;
+  if (packed && packed->defined()) {
+    TORCH_CHECK(wide && qtype != Q5_K && packed->scalar_type() == at::kByte && packed->is_contiguous() &&
+                packed->numel() == N / 16 * (K / 256) * packed_bytes((int)qtype),
+                "qmatmul.mm_prompt: packed must be pack()'s form of w (Q4_K, Q6_K; AVX-512 VNNI)");
+    pk = packed->data_ptr<uint8_t>();
+  }
 #if QMM_X86
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
     if (qtype == Q6_K) {  // the offset per group: dx
-      if (wide) prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
+      if (wide) prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y, pk);
       else prompt_avx2<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
     } else if (qtype == Q5_K) {
       if (wide) prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
       else prompt_avx2<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
     } else {
-      if (wide) prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      if (wide) prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y, pk);
       else prompt_avx2<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
     }
   };
@@ -2304,7 +2373,8 @@ std::string backend() { return path_name(best_path()); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
   m.def("dequantize", &dequantize, "the weights as the file means them, into out [N, K] fp32 or bf16");
-  m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)");
+  m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)", py::arg("x"),
+        py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("packed") = py::none());
   m.def("pack", &pack, "the packed form of Q4_K / Q6_K weights, for mm_packed");
   m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI)");
   m.def("backend", &backend, "the SIMD path this CPU runs");

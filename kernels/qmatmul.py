@@ -118,15 +118,16 @@ PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants
 
 
 def prompt_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int,
-              bias: torch.Tensor | None = None) -> torch.Tensor | None:
+              bias: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> torch.Tensor | None:
     """A prompt's product x [..., K] (fp32 or bf16) · Wᵀ (+ bias) -> [..., N] in x's dtype, by qmatmul.cpp's int8
     prompt kernel (mm_prompt: x quantized as gguf_mm quantizes it), or None where that does not run: another type,
-    N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL naming a path."""
+    N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL naming a path. packed:
+    pack()'s form of the same weights, read instead of the blocks (no interleaving each call; the same values)."""
     if gb.type_name(qtype) not in PROMPT_TYPES or N % 16 or x.dtype not in (torch.float32, torch.bfloat16):
         return None
     if not prompt_runs():
         return None
-    return extension().mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias)
+    return extension().mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias, packed)
 
 
 def prompt_runs() -> bool:

@@ -392,3 +392,26 @@ def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
     assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q5_k", 32)
     monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # a forced path: the blocks as they are
     assert not qmatmul.packs("q4_k", 32)
+
+
+@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
+def test_the_prompt_kernel_reads_the_packed_form_alike(name):
+    """mm_prompt from pack()'s form (what a packed layer's prefill reads) gives the bits it gives from the file's
+    blocks, fp32 and bf16, with and without a bias, the quants at their ends too."""
+    if not _packed_here():
+        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    N, K = 48, 768
+    for blocks in (gb.random_blocks(name, N, K, seed=4), _extreme(name, N, K)):
+        packed = qmatmul.pack(blocks, name, N, K)
+        x = torch.randn(41, K, generator=torch.Generator().manual_seed(6))
+        for bias in (torch.randn(N), None):
+            for xs in (x, x.to(torch.bfloat16)):
+                want = qmatmul.prompt_mm(xs, blocks, name, N, K, bias)
+                assert torch.equal(qmatmul.prompt_mm(xs, blocks, name, N, K, bias, packed), want)
+
+
+def _extreme(name, N, K):
+    blocks = gb.random_blocks(name, N, K, seed=3).reshape(N, K // 256, -1).clone()
+    for a, b, v in EXTREME_QUANTS[name]:
+        blocks[..., a:b] = v
+    return blocks.reshape(N, -1)

@@ -93,7 +93,7 @@ class GgufLinear(nn.Module):
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
         """x · Wᵀ + b by the prompt kernel, else as a dense product in x's dtype, PREFILL_TILE output rows at a
         time."""
-        y = qmatmul.prompt_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
+        y = qmatmul.prompt_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias, self.packed)
         if y is not None:
             return y
         out = []
