@@ -2036,11 +2036,12 @@ AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const
 #endif  // QMM_X86
 
 // ---------------------------------------------------------------------------------------------------------------
-// Steps, passes and prompts alike on AVX-512 VNNI (Q4_K, Q6_K): the weights packed once, at load (pack), for
+// Steps and passes on AVX-512 VNNI (Q4_K, Q6_K): the weights packed once, at load (pack), for
 // vpdpbusd: a zmm's 16 lanes are 16 outputs, the quants of 16 weight rows interleaved 4 at a time as the prompt's
 // Packed holds them, but 4 bits each (Q6_K: 6), so that a step reads about the file's bytes (Q4_K +2.8 %, Q6_K the
 // same). Every row of x times each unpacked weight vector: the cost of a call grows with its rows by the products
-// alone.
+// alone. mm_packed takes calls of any size; GgufLinear sends it those of ≤ 33 rows, a prompt going to mm_prompt,
+// which reads the same packed form (unpack16).
 //
 // The arithmetic, for one output (every tile computes it alike, whatever M, the tile or the thread):
 //   x        quantized as mm quantizes it (int8 per 256, the kernel order)
@@ -2117,7 +2118,7 @@ VNNI_FN inline __attribute__((always_inline)) void q6_quads(const uint8_t* o, in
   w[3] = _mm512_and_si512(_mm512_ternarylogic_epi32(t, _mm512_srli_epi16(v[2], 2), m4, 0xE4), m6);
 }
 
-// R rows (x: xq8 or Q6_K's xu, [M, K] kernel order) × 16 outputs of block b over every group, into y
+// R rows (x: xq8, [M, K] kernel order; xs16: Q6_K's Σ x per 16) × 16 outputs of block b over every group, into y
 template <int QT, int R, typename O>
 VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* xs16, int64_t m0,
                          int64_t b, O* y) {

@@ -2,8 +2,8 @@
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
     dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
-    packed_mm     Q4_K / Q6_K on AVX-512 VNNI: from weights packed once (pack), every call, its cost nearly flat
-                  in the rows of a pass
+    packed_mm     Q4_K / Q6_K on AVX-512 VNNI: steps and passes from weights packed once (pack), the cost
+                  nearly flat in the rows of a pass
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
 
@@ -108,7 +108,7 @@ def pack(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
 def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype (fp32 and bf16; others through fp32), from pack()'s form:
-    one kernel for steps, passes and prompts, each row computed alike whatever the others (qmatmul.cpp)."""
+    steps and passes (any number of rows), each row computed alike whatever the others (qmatmul.cpp)."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         return packed_mm(x.float(), packed, qtype, N, K, bias).to(x.dtype)
     return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias)

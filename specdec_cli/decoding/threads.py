@@ -51,7 +51,7 @@ class CpuSample:
 
 
 class Threads:
-    """Sets torch's thread count from `setting` (parse) and, under auto, adapts it on each tick() (at most once per
+    """Sets torch's thread count from `setting` (options.thread_count) and, under auto, adapts it on each tick() (at most once per
     PERIOD_S). A context manager: the count it found is set back on exit."""
 
     def __init__(self, setting: str | int | None = options.AUTO_THREADS, sample: CpuSample | None = None):
