@@ -56,7 +56,7 @@ def backend_line() -> str:
     best = ext.backend()
     if forced in PATHS:
         return f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})"
-    return f"C++ {best} path"
+    return f"C++ {best} path" + (", Q4_K and Q6_K steps from the packed form" if packs("q4_k", 16) else "")
 
 
 def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: torch.Tensor | None = None,

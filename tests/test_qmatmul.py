@@ -388,10 +388,11 @@ def test_the_packed_kernel_computes_each_row_alike(name):
 
 
 def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
+    assert ("packed" in qmatmul.backend_line()) == qmatmul.packs("q4_k", 16)  # the line says which runs
     assert not qmatmul.packs("q4_k", 40)  # N not a multiple of 16
     assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q5_k", 32)
     monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # a forced path: the blocks as they are
-    assert not qmatmul.packs("q4_k", 32)
+    assert not qmatmul.packs("q4_k", 32) and "packed" not in qmatmul.backend_line()
 
 
 @pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
