@@ -46,6 +46,11 @@ def pytest_sessionstart(session):
         importlib.import_module(f"specdec_cli.kernels.{m.name}")
     os.environ["SPECDEC_KERNEL_CACHE"] = str(cpp.kernels_dir().resolve())
     cpp.load_all()
+    from specdec_cli.decoding import threads
+
+    # --threads auto never moves the count here: a loaded machine must not change it between the runs a test compares
+    # (torch's own fp32 GEMMs may round otherwise at another count); the tests of Threads set a period of their own
+    threads.PERIOD_S = float("inf")
 
 
 def pytest_collection_finish(session):

@@ -9,8 +9,9 @@ The rule (`choose`): of the n CPUs this process may run on, `others` are kept bu
 CPU time over the last PERIOD_S, from /proc/stat less this process's own); use the share of `ceiling` (the
 thread count the run started with) that the free CPUs are, rounded to nearest, at least 1. Our own threads'
 time is left out of `others`, so the choice does not feed on itself. Where /proc/stat cannot be read (not
-Linux), the count stays the ceiling. Every kernel computes each output on one thread, so the count changes no
-bits (kernels/*.cpp); only the speed."""
+Linux), the count stays the ceiling. Every specdec kernel computes each output on one thread, so the count changes
+none of their bits (kernels/*.cpp), only the speed; torch's own fp32 GEMMs may split a sum over threads (1 and 2
+threads differed at [5, 896] · [896, 4864]): where a model runs on them, --threads N keeps runs comparable."""
 
 from __future__ import annotations
 
