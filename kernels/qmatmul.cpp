@@ -1657,15 +1657,19 @@ void chunks(int64_t n, int64_t unit, const F& f) {
   });
 }
 
+void check_packed(const char* who, const torch::Tensor& p, int64_t qtype, int64_t N, int64_t K);  // with pack, below
+
+// w: the file's blocks [N, row_bytes], or (packed) pack()'s form of them
 Operands operands(const char* who, torch::Tensor x, const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K,
-                  const c10::optional<torch::Tensor>& bias) {
+                  const c10::optional<torch::Tensor>& bias, bool packed = false) {
   Operands o{format_of(qtype), 0, 0, {}, {}, {}};
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, who, ": x must be [..., K]");
   TORCH_CHECK(K % o.f.G == 0, who, ": K = ", K, " is not a multiple of ", o.f.G);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, who, ": x must be fp32 or bf16");
   o.row_bytes = K / o.f.G * o.f.block_bytes;
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * o.row_bytes,
-              who, ": w must hold N · ", o.row_bytes, " contiguous bytes");
+  if (packed) check_packed(who, w, qtype, N, K);
+  else TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * o.row_bytes,
+                   who, ": w must hold N · ", o.row_bytes, " contiguous bytes");
   o.shape = x.sizes().vec();
   o.shape.back() = N;
   o.x = x.reshape({-1, K}).contiguous();
@@ -2051,7 +2055,7 @@ AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const
 //   mins     Q4_K: mac = fma(dmin·m_j, xsd_j, mac) for the group's 8 sub-blocks, natural j (dmin·m_j exact);
 //            Q6_K: none (mac = 0)
 //   y        acc − mac (+ bias), rounded once to the output dtype
-// Groups in order, each with its minimums: acc and mac stay in registers through a call.
+// Groups in order, each with its minimums (acc and mac in memory, touched once a group).
 
 // A packed group of 16 weight rows: Q4_K q [4 · 8][64] (slot j, pair t: the low nibbles quad 8j + 2t, the high ones
 // quad 8j + 2t + 1, of each row's 4 bytes at byte 4r), sc [8][16] (slot order), m [8][16] (natural), d [16],
@@ -2061,6 +2065,12 @@ constexpr int64_t PACKED_Q4K = 2048 + 128 + 128 + 32 + 32;
 constexpr int64_t PACKED_Q6K = 3072 + 256 + 32;
 
 inline int64_t packed_bytes(int qtype) { return qtype == Q6_K ? PACKED_Q6K : PACKED_Q4K; }
+
+void check_packed(const char* who, const torch::Tensor& p, int64_t qtype, int64_t N, int64_t K) {
+  TORCH_CHECK((qtype == Q4_K || qtype == Q6_K) && N % 16 == 0 && K % 256 == 0 && p.scalar_type() == at::kByte &&
+              p.is_contiguous() && p.numel() == N / 16 * (K / 256) * packed_bytes((int)qtype),
+              who, ": packed must be pack()'s form of an [N, K] Q4_K or Q6_K weight");
+}
 
 // Rows [16·b0, 16·b1) of w into out [N / 16][K / 256][packed_bytes]; portable (a load's work)
 void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
@@ -2283,30 +2293,16 @@ torch::Tensor pack(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
 // y = x · Wᵀ (+ bias) from pack's form of W (AVX-512 VNNI), any number of rows: x [..., K] fp32 or bf16 -> [..., N]
 torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(qtype == Q4_K || qtype == Q6_K, "qmatmul.mm_packed: Q4_K or Q6_K only");
+  const Operands o = operands("qmatmul.mm_packed", x, packed, qtype, N, K, bias, true);
   TORCH_CHECK(best_path() == AVX512VNNI, "qmatmul.mm_packed: needs AVX-512 VNNI");
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-              packed.numel() == N / 16 * (K / 256) * packed_bytes((int)qtype) && N % 16 == 0,
-              "qmatmul.mm_packed: packed must be pack()'s form of an [N, K] weight");
-  const Format f = format_of(qtype);
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K && K % 256 == 0, "qmatmul.mm_packed: x must be [..., K]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "qmatmul.mm_packed: x must be fp32 or bf16");
-  auto shape = x.sizes().vec();
-  shape.back() = N;
-  auto xx = x.reshape({-1, K}).contiguous();
-  const int64_t M = xx.size(0);
-  torch::Tensor b;
-  if (bias && bias->defined()) {
-    b = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(b.numel() == N, "qmatmul.mm_packed: bias must be [N]");
-  }
-  auto out = torch::empty(shape, xx.options());
+  const int64_t M = o.M;
+  auto out = torch::empty(o.shape, o.x.options());
   if (M == 0 || N == 0) return out;
   std::vector<int8_t> xq8(M * K);
   std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
-  Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
-         b.defined() ? b.data_ptr<float>() : nullptr, nullptr, nullptr};
-  quantize_rows(xx, c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
+  Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
+         o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
+  quantize_rows(o.x, c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
   std::vector<int32_t> xs16(qtype == Q6_K ? M * (K / 16) : 0);  // Q6_K: Σ x per 16 (its slots), for the −32
   for (int64_t i = 0; i < (int64_t)xs16.size(); i++) {
     int32_t t = 0;
@@ -2323,7 +2319,7 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
       else packed_blocks<Q4_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
     });
   };
-  if (xx.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
   else run((uint16_t*)out.data_ptr<c10::BFloat16>());
 #endif
   return out;
@@ -2352,9 +2348,8 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
     for (auto& v : xq8) v = (int8_t)((uint8_t)v ^ 0x80);
   const uint8_t* pk = nullptr;
   if (packed && packed->defined()) {
-    TORCH_CHECK(wide && qtype != Q5_K && packed->scalar_type() == at::kByte && packed->is_contiguous() &&
-                packed->numel() == N / 16 * (K / 256) * packed_bytes((int)qtype),
-                "qmatmul.mm_prompt: packed must be pack()'s form of w (Q4_K, Q6_K; AVX-512 VNNI)");
+    TORCH_CHECK(wide, "qmatmul.mm_prompt: the packed form needs AVX-512 VNNI");
+    check_packed("qmatmul.mm_prompt", *packed, qtype, N, K);
     pk = packed->data_ptr<uint8_t>();
   }
 #if QMM_X86

@@ -37,17 +37,17 @@ class CpuSample:
 
     def __init__(self):
         self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.names = {f"cpu{i}" for i in self.cpus}  # their lines in /proc/stat
         self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
     def __call__(self) -> tuple[float, float, float] | None:
-        wanted = {f"cpu{i}" for i in self.cpus}
         try:
             with open("/proc/stat") as f:
                 lines = [line.split() for line in f if line.startswith("cpu")]
         except OSError:
             return None
         # fields: user nice system idle iowait irq softirq steal (guest is inside user)
-        busy = sum(sum(int(v) for i, v in enumerate(f[1:9]) if i not in (3, 4)) for f in lines if f[0] in wanted)
+        busy = sum(sum(int(v) for i, v in enumerate(f[1:9]) if i not in (3, 4)) for f in lines if f[0] in self.names)
         return time.perf_counter(), busy * self.tick_s, time.process_time()
 
 

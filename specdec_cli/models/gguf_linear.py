@@ -151,11 +151,9 @@ def _pack(model: nn.Module) -> None:
     """pack() every GgufLinear of `model` whose product runs from the packed form here; a joined part's form is a
     view of its joint layer's rows (its rows a whole number of 16-row blocks), so nothing is packed twice."""
     for layer in gguf_layers(model):
-        joint = layer.joint
-        if joint is None:
-            layer.pack()
-        elif joint.pack().packed is not None and layer.joint_start % 16 == 0 and layer.out_features % 16 == 0:
-            layer.packed = joint.packed[layer.joint_start // 16 : (layer.joint_start + layer.out_features) // 16]
+        joint, start, n = layer.joint, layer.joint_start, layer.out_features
+        if joint is not None and joint.pack().packed is not None and start % 16 == 0 and n % 16 == 0:
+            layer.packed = joint.packed[start // 16 : (start + n) // 16]
         else:
             layer.pack()
 
