@@ -114,10 +114,9 @@ def main(argv=None):
                 opts.replace(target_quant="none" if name == "bf16" else "gguf"), progress=False)[0]
             if name == "unpacked":
                 for m in loaded.model.modules():
-                    if isinstance(m, GgufLinear):
-                        m.packed = None
-                        if m.joint is not None:
-                            m.joint.packed = None
+                    for layer in (m, m.joint) if isinstance(m, GgufLinear) else ():
+                        if layer is not None and layer.packed is not None:
+                            layer.blocks, layer.packed = layer.file_blocks(), None
             decoder = decoder_for(loaded.model)
             with torch.inference_mode():
                 decoder.prefill(t[:, :T], None, torch.arange(T)[None])

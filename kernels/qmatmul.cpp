@@ -2114,6 +2114,68 @@ void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_
     }
 }
 
+// The file's blocks of rows [16·b0, 16·b1) back from pack_rows' form (bit for bit: pack keeps every bit of a block);
+// portable (a load's or a subset head's work, not a step's)
+void unpack_rows(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* w) {
+  const int64_t groups = K / 256, gb = packed_bytes(qtype);
+  const int bb = format_of(qtype).block_bytes;
+  uint8_t u[256], q[256];
+  for (int64_t b = b0; b < b1; b++)
+    for (int64_t g = 0; g < groups; g++) {
+      const uint8_t* o = pk + (b * groups + g) * gb;
+      for (int r = 0; r < 16; r++) {
+        uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
+        if (qtype == Q6_K) {
+          std::memset(u, 0, 256);
+          for (int j = 0; j < 16; j++)
+            for (int v = 0; v < 3; v++)
+              for (int i = 0; i < 4; i++) {
+                const uint8_t byte = o[(3 * j + v) * 64 + 4 * r + i];
+                u[16 * j + 4 * v + i] = byte & 63;
+                u[16 * j + 12 + i] |= (uint8_t)((byte >> 6) << (2 * v));
+              }
+        } else {
+          for (int j = 0; j < 8; j++)
+            for (int t = 0; t < 4; t++)
+              for (int i = 0; i < 4; i++) {
+                const uint8_t byte = o[(4 * j + t) * 64 + 4 * r + i];
+                u[32 * j + 8 * t + i] = byte & 15;
+                u[32 * j + 8 * t + 4 + i] = byte >> 4;
+              }
+        }
+        for (int p = 0; p < 256; p++) q[32 * sub_slot(qtype, p / 32) + p % 32] = u[p];  // natural order
+        if (qtype == Q6_K) {  // unpack8_portable's reading, written
+          uint8_t *ql = blk, *qh = blk + 128;
+          std::memset(blk, 0, 192);
+          for (int h = 0; h < 2; h++)
+            for (int t = 0; t < 128; t++) {
+              const int sh = t / 32, l = t % 32, e = 128 * h + t;
+              ql[64 * h + (sh & 1) * 32 + l] |= (uint8_t)((q[e] & 15) << (4 * (sh >> 1)));
+              qh[32 * h + l] |= (uint8_t)((q[e] >> 4) << (2 * sh));
+            }
+          for (int j = 0; j < 16; j++) blk[192 + j] = o[3072 + 16 * j + r];
+          std::memcpy(blk + 208, o + 3328 + 2 * r, 2);
+        } else {  // d, dmin, the 12 bytes kquant_scales reads, the nibbles
+          uint8_t sc[8], mn[8];
+          for (int j = 0; j < 8; j++) {
+            sc[SB[j]] = o[2048 + 16 * j + r];
+            mn[j] = o[2176 + 16 * j + r];
+          }
+          std::memcpy(blk, o + 2304 + 2 * r, 2);
+          std::memcpy(blk + 2, o + 2336 + 2 * r, 2);
+          uint8_t* s = blk + 4;
+          for (int j = 0; j < 4; j++) {
+            s[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+            s[j + 4] = (uint8_t)((mn[j] & 63) | (mn[j + 4] >> 4) << 6);
+            s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+          }
+          for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) blk[16 + 32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+        }
+      }
+    }
+}
+
 #if QMM_X86
 // Q6_K slot j of a packed group o: its four quads' 6-bit quants (unsigned) from its three vectors
 VNNI_FN inline __attribute__((always_inline)) void q6_quads(const uint8_t* o, int j, __m512i* w) {
@@ -2290,6 +2352,17 @@ torch::Tensor pack(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
   return out;
 }
 
+// The file's blocks [N, row_bytes] of pack's form `packed` (Q4_K or Q6_K): unpack(pack(w)) is w
+torch::Tensor unpack(torch::Tensor packed, int64_t qtype, int64_t N, int64_t K) {
+  check_packed("qmatmul.unpack", packed, qtype, N, K);
+  const int64_t row_bytes = K / 256 * format_of(qtype).block_bytes;
+  auto out = torch::empty({N, row_bytes}, torch::kUInt8);
+  const uint8_t* pp = packed.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / 16, 4, [&](int64_t b0, int64_t b1) { unpack_rows(pp, (int)qtype, K, row_bytes, b0, b1, op); });
+  return out;
+}
+
 // y = x · Wᵀ (+ bias) from pack's form of W (AVX-512 VNNI), any number of rows: x [..., K] fp32 or bf16 -> [..., N]
 torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias) {
@@ -2326,32 +2399,31 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
 }
 
 // A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
-// packed: pack()'s form of w, read instead (AVX-512 VNNI, Q4_K and Q6_K; the same values), or undefined.
+// packed: pack()'s form of w, read instead (AVX-512 VNNI, Q4_K and Q6_K; the same values; w is then not read), or
+// undefined.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> packed) {
   TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K only");
   const int path = best_path();
   TORCH_CHECK(path >= AVX2, "qmatmul.mm_prompt: needs AVX2 or AVX-512 VNNI");
   TORCH_CHECK(N % 16 == 0, "qmatmul.mm_prompt: N must be a multiple of 16");
-  const Operands o = operands("qmatmul.mm_prompt", x, w, qtype, N, K, bias);
+  const bool from_packed = packed && packed->defined();  // then w is not read (it may be empty)
+  const bool wide = path == AVX512VNNI;
+  TORCH_CHECK(!from_packed || wide, "qmatmul.mm_prompt: the packed form needs AVX-512 VNNI");
+  const Operands o = operands("qmatmul.mm_prompt", x, from_packed ? *packed : w, qtype, N, K, bias, from_packed);
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());  // written in x's dtype by the tiles
   std::vector<int8_t> xq8(M * K);
   std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
-  Call c{w.data_ptr<uint8_t>(), N, K, M, o.row_bytes, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr,
-         dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr};
+  Call c{from_packed ? nullptr : w.data_ptr<uint8_t>(), N, K, M, o.row_bytes, s16(K), (int)qtype, o.f, nullptr,
+         xq8.data(), nullptr, nullptr, dx.data(), xsd.data(), o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
+         nullptr};
   // Q6_K: x + 128 as unsigned bytes (mm's xu), in place of xq8
-  const bool wide = path == AVX512VNNI;
   quantize_rows(o.x, c, path, nullptr, xq8.data(), nullptr, qtype == Q6_K && wide ? (uint8_t*)xq8.data() : nullptr,
                 dx.data(), xsd.data());
   if (qtype == Q6_K && !wide)
     for (auto& v : xq8) v = (int8_t)((uint8_t)v ^ 0x80);
-  const uint8_t* pk = nullptr;
-  if (packed && packed->defined()) {
-    TORCH_CHECK(wide, "qmatmul.mm_prompt: the packed form needs AVX-512 VNNI");
-    check_packed("qmatmul.mm_prompt", *packed, qtype, N, K);
-    pk = packed->data_ptr<uint8_t>();
-  }
+  const uint8_t* pk = from_packed ? packed->data_ptr<uint8_t>() : nullptr;
 #if QMM_X86
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
@@ -2382,6 +2454,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)", py::arg("x"),
         py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("packed") = py::none());
   m.def("pack", &pack, "the packed form of Q4_K / Q6_K weights, for mm_packed");
+  m.def("unpack", &unpack, "the file's blocks back from pack's form");
   m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI)");
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");

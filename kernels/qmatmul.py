@@ -105,6 +105,11 @@ def pack(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
     return extension().pack(blocks.reshape(N, -1), gb.type_id(qtype), N, K)
 
 
+def unpack(packed: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
+    """The file's blocks [N, row_bytes] uint8 back from pack()'s form, bit for bit (pack keeps every bit)."""
+    return extension().unpack(packed, gb.type_id(qtype), N, K)
+
+
 def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
               bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype (fp32 and bf16; others through fp32), from pack()'s form:
@@ -117,16 +122,19 @@ def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
 PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants
 
 
-def prompt_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int,
+def prompt_mm(x: torch.Tensor, blocks: torch.Tensor | None, qtype, N: int, K: int,
               bias: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> torch.Tensor | None:
     """A prompt's product x [..., K] (fp32 or bf16) · Wᵀ (+ bias) -> [..., N] in x's dtype, by qmatmul.cpp's int8
     prompt kernel (mm_prompt: x quantized as gguf_mm quantizes it), or None where that does not run: another type,
     N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL naming a path. packed:
-    pack()'s form of the same weights, read instead of the blocks (no interleaving each call; the same values)."""
+    pack()'s form of the same weights, read instead of the blocks (no interleaving each call; the same values);
+    blocks may then be None."""
     if gb.type_name(qtype) not in PROMPT_TYPES or N % 16 or x.dtype not in (torch.float32, torch.bfloat16):
         return None
     if not prompt_runs():
         return None
+    if blocks is None:
+        blocks = torch.empty(0, dtype=torch.uint8)  # not read: the packed form is
     return extension().mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias, packed)
 
 

@@ -166,12 +166,14 @@ def test_packed_layers_give_a_pass_the_bits_of_steps():
                      GgufLinear(gb.random_blocks(q, n, k, seed=i, scale=0.05), q, k, n, None, torch.bfloat16))
             setattr(parent, name, layer)
         gguf_linear._join_siblings(model)
+        blocks = {layer: layer.blocks.clone() for layer in gguf_layers(model)}
         gguf_linear._pack(model)
-        return model
+        return model, blocks
 
-    target, draft = on_blocks(["q4_k", "q6_k"]), on_blocks(["q6_k"])
+    (target, blocks), (draft, _) = on_blocks(["q4_k", "q6_k"]), on_blocks(["q6_k"])
     layers = gguf_layers(target)
-    assert all(layer.packed is not None for layer in layers)
+    assert all(layer.packed is not None and layer.blocks is None for layer in layers)  # the blocks let go
+    assert all(torch.equal(layer.file_blocks(), blocks[layer]) for layer in layers)  # and rebuilt alike
     for layer in layers:
         if layer.joint is not None:  # a view of the joint's packed rows
             base = layer.joint.packed.data_ptr()

@@ -397,8 +397,8 @@ def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
 
 @pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
 def test_the_prompt_kernel_reads_the_packed_form_alike(name):
-    """mm_prompt from pack()'s form (what a packed layer's prefill reads) gives the bits it gives from the file's
-    blocks, fp32 and bf16, with and without a bias, the quants at their ends too."""
+    """mm_prompt from pack()'s form (what a packed layer's prefill reads, its blocks let go) gives the bits it gives
+    from the file's blocks, fp32 and bf16, with and without a bias, the quants at their ends too."""
     if not _packed_here():
         pytest.skip("the packed kernel runs on AVX-512 VNNI")
     N, K = 48, 768
@@ -408,7 +408,21 @@ def test_the_prompt_kernel_reads_the_packed_form_alike(name):
         for bias in (torch.randn(N), None):
             for xs in (x, x.to(torch.bfloat16)):
                 want = qmatmul.prompt_mm(xs, blocks, name, N, K, bias)
-                assert torch.equal(qmatmul.prompt_mm(xs, blocks, name, N, K, bias, packed), want)
+                assert torch.equal(qmatmul.prompt_mm(xs, None, name, N, K, bias, packed), want)
+
+
+@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
+def test_the_packed_form_keeps_every_bit_of_the_blocks(name):
+    """unpack(pack(blocks)) is blocks byte for byte (a packed layer lets its blocks go and rebuilds them for a subset
+    head or its dequantized weights): random bytes in every field, the quants at their ends, all-ones bytes."""
+    if not _packed_here():
+        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    N, K = 32, 512
+    every_byte = torch.randint(0, 256, (N, gb.row_bytes(name, K)), dtype=torch.uint8,
+                               generator=torch.Generator().manual_seed(8))  # any bytes: scales, d, NaNs too
+    for blocks in (every_byte, gb.random_blocks(name, N, K, seed=4), _extreme(name, N, K),
+                   torch.full_like(every_byte, 255)):
+        assert torch.equal(qmatmul.unpack(qmatmul.pack(blocks, name, N, K), name, N, K), blocks)
 
 
 def _extreme(name, N, K):

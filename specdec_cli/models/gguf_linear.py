@@ -3,7 +3,8 @@ Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, nor
 A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
 runs (the K-quants on AVX-512 VNNI: activations quantized as the steps quantize them), else multiplies the same
 weights dequantized to x's dtype. Steps and passes of Q4_K and Q6_K layers on AVX-512 VNNI run from the weights
-packed once at load (GgufLinear.pack, qmatmul.packed_mm): a 9-row pass then costs little more than a step.
+packed once at load (GgufLinear.pack, qmatmul.packed_mm; the blocks then let go): a 9-row pass then costs little
+more than a step.
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     join                layers that read the same input (q, k, v; gate, up) laid side by side in one buffer, and the
@@ -72,16 +73,27 @@ class GgufLinear(nn.Module):
                              f"not {blocks.dtype} {tuple(blocks.shape)}")
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
-        self.register_buffer("packed", None, persistent=False)  # qmatmul.pack's form, where pack() made it
+        self.register_buffer("packed", None, persistent=False)  # qmatmul.pack's form where pack() made it (blocks: None)
         self.weight = torch.empty(out_features, in_features, dtype=dtype, device="meta")
 
     def pack(self) -> GgufLinear:
-        """Also hold the weights in qmatmul's packed form where its kernel runs here (qmatmul.packs: Q4_K, Q6_K on
-        AVX-512 VNNI): steps and passes then run from it, their cost nearly flat in a pass's rows. About the
-        blocks' size again, in RAM. Returns self."""
+        """Hold the weights in qmatmul's packed form instead of the blocks where its kernel runs here (qmatmul.packs:
+        Q4_K, Q6_K on AVX-512 VNNI): steps, passes and the prompt then run from it, a pass's cost nearly flat in its
+        rows. Returns self."""
         if self.packed is None and qmatmul.packs(self.qtype, self.out_features):
-            self.packed = qmatmul.pack(self.blocks, self.qtype, self.out_features, self.in_features)
+            self.hold_packed(qmatmul.pack(self.blocks, self.qtype, self.out_features, self.in_features))
         return self
+
+    def hold_packed(self, packed: torch.Tensor) -> None:
+        """Run from `packed` (pack()'s form of these weights) and let the blocks go: it keeps every bit of them
+        (file_blocks)."""
+        self.packed, self.blocks = packed, None
+
+    def file_blocks(self) -> torch.Tensor:
+        """The file's blocks [out, row_bytes] uint8: held, else rebuilt from the packed form (a copy)."""
+        if self.blocks is not None:
+            return self.blocks
+        return qmatmul.unpack(self.packed, self.qtype, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() >= 2 and x.shape[-2] > PREFILL_TOKENS:  # [.., T, in] with T past any pass: a prefill
@@ -98,9 +110,10 @@ class GgufLinear(nn.Module):
             return y
         out = []
         into = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32  # what dequantize writes
+        blocks = self.file_blocks()  # the packed form has the prompt kernel: held blocks in practice
         for n0 in range(0, self.out_features, PREFILL_TILE):
             n1 = min(self.out_features, n0 + PREFILL_TILE)
-            w = qmatmul.dequantize(self.blocks[n0:n1], self.qtype, n1 - n0, self.in_features,
+            w = qmatmul.dequantize(blocks[n0:n1], self.qtype, n1 - n0, self.in_features,
                                    out=_scratch(n1 - n0, self.in_features, into)).to(x.dtype)
             out.append(nn.functional.linear(x, w, None if self.bias is None else self.bias[n0:n1].to(x.dtype)))
         return out[0] if len(out) == 1 else torch.cat(out, -1)
@@ -114,12 +127,12 @@ class GgufLinear(nn.Module):
                    dtype or w.dtype)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return gguf_blocks.dequantize(self.qtype, self.blocks, self.out_features, self.in_features).to(dtype)
+        return gguf_blocks.dequantize(self.qtype, self.file_blocks(), self.out_features, self.in_features).to(dtype)
 
     def rows(self, ids: torch.Tensor) -> GgufLinear:
         """The layer restricted to output rows `ids` (a subset head): each row's blocks are its own."""
         bias = None if self.bias is None else self.bias[ids]
-        layer = GgufLinear(self.blocks[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
+        layer = GgufLinear(self.file_blocks()[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
         return layer.pack() if self.packed is not None else layer
 
     def extra_repr(self) -> str:
@@ -153,7 +166,7 @@ def _pack(model: nn.Module) -> None:
     for layer in gguf_layers(model):
         joint, start, n = layer.joint, layer.joint_start, layer.out_features
         if joint is not None and joint.pack().packed is not None and start % 16 == 0 and n % 16 == 0:
-            layer.packed = joint.packed[start // 16 : (start + n) // 16]
+            layer.hold_packed(joint.packed[start // 16 : (start + n) // 16])
         else:
             layer.pack()
 
