@@ -18,7 +18,7 @@ in the same rounds. The machine is shared: contenders run A B C A B C ..., start
     q4_k-prompt, q5_k-prompt, q6_k-prompt   its prompt kernel (qmatmul.prompt_mm, AVX-512 VNNI or AVX2): 16 weight
                 rows unpacked and interleaved every call, then 64 products an instruction with a zmm's lanes 16
                 outputs. The packing is most of a small call; time(M) − time(1) is what a row costs that way
-    q4_k-packed, q6_k-packed   its kernel for steps and passes from weights packed once (qmatmul.pack /
+    q4_k-packed, q5_k-packed, q6_k-packed   its kernel for steps and passes from weights packed once (qmatmul.pack /
                 packed_mm, AVX-512 VNNI): what GgufLinear runs there for calls of up to 33 rows
 
 Each contender rotates over copies of its weight that together exceed the last-level cache (--cache-mb), so a
@@ -205,7 +205,7 @@ CONTENDERS = {"bf16": make_bf16, "fp32": make_fp32, "f32rows": make_f32rows, "bf
 GGUF_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 CONTENDERS.update({t: make_gguf(t) for t in GGUF_TYPES})
 CONTENDERS.update({f"{t}-prompt": make_prompt(t) for t in ("q4_k", "q5_k", "q6_k")})
-CONTENDERS.update({f"{t}-packed": make_packed(t) for t in ("q4_k", "q6_k")})
+CONTENDERS.update({f"{t}-packed": make_packed(t) for t in ("q4_k", "q5_k", "q6_k")})
 
 
 def measure(fns: dict, x: torch.Tensor, rounds: int, target_s: float) -> dict[str, list[float]]:

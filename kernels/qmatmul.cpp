@@ -26,8 +26,9 @@
 //   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
 //               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
 //
-// (Q4_K and Q6_K layers on AVX-512 VNNI run instead from their weights packed at load, by an arithmetic of their
-// own, stated with it below: pack, mm_packed. A layer runs one or the other for every call of its steps and passes.)
+// (Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI run instead from their weights packed at load, by an arithmetic of
+// their own, stated with it below: pack, mm_packed. A layer runs one or the other for every call of its steps and
+// passes.)
 //
 // Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type), so the SIMD paths may add them
 // in any order; every float operation is listed above, in that order, and the file is compiled with
@@ -1908,9 +1909,7 @@ VNNI_FN void prompt_avx512(const Call& c, const int8_t* xq, const float* dx, con
                            O* y, const uint8_t* pk = nullptr) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32;
   auto fill = [&](int64_t b, Packed& p) {
-    if constexpr (QT != Q5_K) {
-      if (pk) return unpack16<QT>(c, pk, b, p);
-    }
+    if (pk) return unpack16<QT>(c, pk, b, p);
     pack16<QT>(c, 16 * b, p);
   };
   chunks(c.N / 16, 2, [&](int64_t b0, int64_t b1) {
@@ -2040,10 +2039,10 @@ AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const
 #endif  // QMM_X86
 
 // ---------------------------------------------------------------------------------------------------------------
-// Steps and passes on AVX-512 VNNI (Q4_K, Q6_K): the weights packed once, at load (pack), for
+// Steps and passes on AVX-512 VNNI (Q4_K, Q5_K, Q6_K): the weights packed once, at load (pack), for
 // vpdpbusd: a zmm's 16 lanes are 16 outputs, the quants of 16 weight rows interleaved 4 at a time as the prompt's
-// Packed holds them, but 4 bits each (Q6_K: 6), so that a step reads about the file's bytes (Q4_K +2.8 %, Q6_K the
-// same). Every row of x times each unpacked weight vector: the cost of a call grows with its rows by the products
+// Packed holds them, but 4 bits each (Q5_K: 5, Q6_K: 6), so that a step reads about the file's bytes (Q4_K +2.8 %,
+// Q5_K +2.3 %, Q6_K the same). Every row of x times each unpacked weight vector: the cost of a call grows with its rows by the products
 // alone. mm_packed takes calls of any size; GgufLinear sends it those of ≤ 33 rows, a prompt going to mm_prompt,
 // which reads the same packed form (unpack16).
 //
@@ -2052,24 +2051,31 @@ AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const
 //   a slot   32 positions of a group (Q6_K: 16): ia = Σ q·x over them (Q6_K: Σ (q − 32)·x), int32, exact
 //   a group  gacc = 0; gacc = fma(float(ia_j), d·sc_j, gacc) for its slots in order (d·sc_j exact in fp32);
 //            acc = fma(gacc, dx_g, acc)
-//   mins     Q4_K: mac = fma(dmin·m_j, xsd_j, mac) for the group's 8 sub-blocks, natural j (dmin·m_j exact);
+//   mins     Q4_K, Q5_K: mac = fma(dmin·m_j, xsd_j, mac) for the group's 8 sub-blocks, natural j (dmin·m_j exact);
 //            Q6_K: none (mac = 0)
 //   y        acc − mac (+ bias), rounded once to the output dtype
 // Groups in order, each with its minimums (acc and mac in memory, touched once a group).
 
 // A packed group of 16 weight rows: Q4_K q [4 · 8][64] (slot j, pair t: the low nibbles quad 8j + 2t, the high ones
 // quad 8j + 2t + 1, of each row's 4 bytes at byte 4r), sc [8][16] (slot order), m [8][16] (natural), d [16],
-// dmin [16] fp16. Q6_K q [16 · 3][64] (slot j, vector v < 3: quad 4j + v in bits 0–5, bits 2v, 2v + 1 of quad
-// 4j + 3 in bits 6–7), sc [16][16] int8, d [16] fp16.
+// dmin [16] fp16. Q5_K: Q4_K's with the quants' fifth bits after q, hb [8][64] (slot j: bit k of byte 4r + i is
+// bit 4 of quad 8j + k's byte i of row r), the rest HIGH5 bytes further. Q6_K q [16 · 3][64] (slot j, vector v < 3:
+// quad 4j + v in bits 0–5, bits 2v, 2v + 1 of quad 4j + 3 in bits 6–7), sc [16][16] int8, d [16] fp16.
 constexpr int64_t PACKED_Q4K = 2048 + 128 + 128 + 32 + 32;
+constexpr int64_t HIGH5 = 512;
+constexpr int64_t PACKED_Q5K = PACKED_Q4K + HIGH5;
 constexpr int64_t PACKED_Q6K = 3072 + 256 + 32;
 
-inline int64_t packed_bytes(int qtype) { return qtype == Q6_K ? PACKED_Q6K : PACKED_Q4K; }
+constexpr int64_t packed_bytes(int qtype) {
+  return qtype == Q6_K ? PACKED_Q6K : qtype == Q5_K ? PACKED_Q5K : PACKED_Q4K;
+}
+constexpr int64_t high5(int qtype) { return qtype == Q5_K ? HIGH5 : 0; }  // Q4_K, Q5_K: where sc, m, d, dmin move
 
 void check_packed(const char* who, const torch::Tensor& p, int64_t qtype, int64_t N, int64_t K) {
-  TORCH_CHECK((qtype == Q4_K || qtype == Q6_K) && N % 16 == 0 && K % 256 == 0 && p.scalar_type() == at::kByte &&
-              p.is_contiguous() && p.numel() == N / 16 * (K / 256) * packed_bytes((int)qtype),
-              who, ": packed must be pack()'s form of an [N, K] Q4_K or Q6_K weight");
+  TORCH_CHECK((qtype == Q4_K || qtype == Q5_K || qtype == Q6_K) && N % 16 == 0 && K % 256 == 0 &&
+              p.scalar_type() == at::kByte && p.is_contiguous() &&
+              p.numel() == N / 16 * (K / 256) * packed_bytes((int)qtype),
+              who, ": packed must be pack()'s form of an [N, K] Q4_K, Q5_K or Q6_K weight");
 }
 
 // Rows [16·b0, 16·b1) of w into out [N / 16][K / 256][packed_bytes]; portable (a load's work)
@@ -2081,6 +2087,7 @@ void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_
   for (int64_t b = b0; b < b1; b++)
     for (int64_t g = 0; g < groups; g++) {
       uint8_t* o = out + (b * groups + g) * gb;
+      if (high5(qtype)) std::memset(o + 2048, 0, HIGH5);  // the fifth bits, or-ed in below
       float dd[16];
       for (int r = 0; r < 16; r++) unpack8_portable(qtype, w + (16 * b + r) * row_bytes + g * bb, u[r], s, dd[r]);
       for (int r = 0; r < 16; r++) {
@@ -2095,20 +2102,23 @@ void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_
                 o[(3 * j + v) * 64 + 4 * r + i] =
                     (uint8_t)(u[r][16 * j + 4 * v + i] | ((u[r][16 * j + 12 + i] >> (2 * v)) & 3) << 6);
         } else {
+          const int64_t h5 = high5(qtype);
           int16_t sc[8];
           int32_t mn[8];
           kquant_scales(blk + 4, sc, mn);
           for (int j = 0; j < 8; j++) {
-            o[2048 + 16 * j + r] = (uint8_t)sc[SB[j]];
-            o[2176 + 16 * j + r] = (uint8_t)mn[j];
+            o[h5 + 2048 + 16 * j + r] = (uint8_t)sc[SB[j]];
+            o[h5 + 2176 + 16 * j + r] = (uint8_t)mn[j];
           }
-          std::memcpy(o + 2304 + 2 * r, blk, 2);
-          std::memcpy(o + 2336 + 2 * r, blk + 2, 2);
+          std::memcpy(o + h5 + 2304 + 2 * r, blk, 2);
+          std::memcpy(o + h5 + 2336 + 2 * r, blk + 2, 2);
           for (int j = 0; j < 8; j++)
             for (int t = 0; t < 4; t++)
-              for (int i = 0; i < 4; i++)
-                o[(4 * j + t) * 64 + 4 * r + i] =
-                    (uint8_t)(u[r][32 * j + 8 * t + i] | u[r][32 * j + 8 * t + 4 + i] << 4);
+              for (int i = 0; i < 4; i++) {
+                const uint8_t a = u[r][32 * j + 8 * t + i], b = u[r][32 * j + 8 * t + 4 + i];  // quads 8j + 2t, + 1
+                o[(4 * j + t) * 64 + 4 * r + i] = (uint8_t)((a & 15) | (b & 15) << 4);
+                if (h5) o[2048 + 64 * j + 4 * r + i] |= (uint8_t)((a >> 4) << (2 * t) | (b >> 4) << (2 * t + 1));
+              }
         }
       }
     }
@@ -2139,8 +2149,9 @@ void unpack_rows(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, int
             for (int t = 0; t < 4; t++)
               for (int i = 0; i < 4; i++) {
                 const uint8_t byte = o[(4 * j + t) * 64 + 4 * r + i];
-                u[32 * j + 8 * t + i] = byte & 15;
-                u[32 * j + 8 * t + 4 + i] = byte >> 4;
+                const uint8_t hb = high5(qtype) ? o[2048 + 64 * j + 4 * r + i] : 0;
+                u[32 * j + 8 * t + i] = (uint8_t)((byte & 15) | ((hb >> (2 * t)) & 1) << 4);
+                u[32 * j + 8 * t + 4 + i] = (uint8_t)((byte >> 4) | ((hb >> (2 * t + 1)) & 1) << 4);
               }
         }
         for (int p = 0; p < 256; p++) q[32 * sub_slot(qtype, p / 32) + p % 32] = u[p];  // natural order
@@ -2155,22 +2166,28 @@ void unpack_rows(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, int
             }
           for (int j = 0; j < 16; j++) blk[192 + j] = o[3072 + 16 * j + r];
           std::memcpy(blk + 208, o + 3328 + 2 * r, 2);
-        } else {  // d, dmin, the 12 bytes kquant_scales reads, the nibbles
+        } else {  // d, dmin, the 12 bytes kquant_scales reads, (Q5_K) the fifth bits, the nibbles
+          const int64_t h5 = high5(qtype);
           uint8_t sc[8], mn[8];
           for (int j = 0; j < 8; j++) {
-            sc[SB[j]] = o[2048 + 16 * j + r];
-            mn[j] = o[2176 + 16 * j + r];
+            sc[SB[j]] = o[h5 + 2048 + 16 * j + r];
+            mn[j] = o[h5 + 2176 + 16 * j + r];
           }
-          std::memcpy(blk, o + 2304 + 2 * r, 2);
-          std::memcpy(blk + 2, o + 2336 + 2 * r, 2);
+          std::memcpy(blk, o + h5 + 2304 + 2 * r, 2);
+          std::memcpy(blk + 2, o + h5 + 2336 + 2 * r, 2);
           uint8_t* s = blk + 4;
           for (int j = 0; j < 4; j++) {
             s[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
             s[j + 4] = (uint8_t)((mn[j] & 63) | (mn[j + 4] >> 4) << 6);
             s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
           }
+          uint8_t* qs = blk + (h5 ? 48 : 16);
+          if (h5) std::memset(blk + 16, 0, 32);
           for (int c = 0; c < 4; c++)
-            for (int l = 0; l < 32; l++) blk[16 + 32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+            for (int l = 0; l < 32; l++) {
+              qs[32 * c + l] = (uint8_t)((q[64 * c + l] & 15) | (q[64 * c + 32 + l] & 15) << 4);
+              if (h5) blk[16 + l] |= (uint8_t)((q[64 * c + l] >> 4) << (2 * c) | (q[64 * c + 32 + l] >> 4) << (2 * c + 1));
+            }
         }
       }
     }
@@ -2190,6 +2207,15 @@ VNNI_FN inline __attribute__((always_inline)) void q6_quads(const uint8_t* o, in
   w[3] = _mm512_and_si512(_mm512_ternarylogic_epi32(t, _mm512_srli_epi16(v[2], 2), m4, 0xE4), m6);
 }
 
+// Q5_K: a pair's two quads w0, w1 (their low 4 bits) get their fifth bits, bits 0 and 1 of hb's bytes; hb then moves
+// on to the next pair's (bits 2t, 2t + 1 for pair t: constant shifts only)
+VNNI_FN inline __attribute__((always_inline)) void fifth_bits(__m512i& hb, __m512i& w0, __m512i& w1) {
+  const __m512i bit4 = _mm512_set1_epi8(16);
+  w0 = _mm512_ternarylogic_epi32(w0, _mm512_slli_epi16(hb, 4), bit4, 0xF8);  // A | (B & C)
+  w1 = _mm512_ternarylogic_epi32(w1, _mm512_slli_epi16(hb, 3), bit4, 0xF8);
+  hb = _mm512_srli_epi16(hb, 2);
+}
+
 // a = fma(x, y, a), 16 lanes in memory
 VNNI_FN inline __attribute__((always_inline)) void fma_into(float* a, __m512 x, __m512 y) {
   _mm512_store_ps(a, _mm512_fmadd_ps(x, y, _mm512_load_ps(a)));
@@ -2199,7 +2225,7 @@ VNNI_FN inline __attribute__((always_inline)) void fma_into(float* a, __m512 x, 
 template <int QT, int R, typename O>
 VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* xs16, int64_t m0,
                          int64_t b, O* y) {
-  const int64_t groups = c.K / 256, gb = QT == Q6_K ? PACKED_Q6K : PACKED_Q4K;
+  const int64_t groups = c.K / 256, gb = packed_bytes(QT), h5 = high5(QT);
   const __m512i lo4 = _mm512_set1_epi8(15);
   alignas(64) float acc_m[R][16], mac_m[R][16];  // in memory: touched once a group (the registers hold ia, gacc)
   for (int r = 0; r < R; r++)
@@ -2231,16 +2257,19 @@ VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, co
       }
       for (int r = 0; r < R; r++) fma_into(acc_m[r], gacc[r], _mm512_set1_ps(c.dx[(m0 + r) * groups + g]));
     } else {
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2304)));
-      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2336)));
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + h5 + 2304)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + h5 + 2336)));
 #pragma GCC unroll 2
       for (int j = 0; j < 8; j++) {
         __m512i ia[R];
         for (int r = 0; r < R; r++) ia[r] = _mm512_setzero_si512();
+        __m512i hb = _mm512_setzero_si512();
+        if constexpr (QT == Q5_K) hb = _mm512_loadu_si512(o + 2048 + 64 * j);
         for (int t = 0; t < 4; t++) {
           _mm_prefetch((const char*)(o + PREFETCH_BYTES + (4 * j + t) * 64), _MM_HINT_T0);
           const __m512i v = _mm512_loadu_si512(o + (4 * j + t) * 64);
-          const __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+          __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+          if constexpr (QT == Q5_K) fifth_bits(hb, w0, w1);
           for (int r = 0; r < R; r++) {
             int32_t x0, x1;
             std::memcpy(&x0, xr[r] + g * 256 + 32 * j + 8 * t, 4);
@@ -2249,12 +2278,12 @@ VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, co
             ia[r] = _mm512_dpbusd_epi32(ia[r], w1, _mm512_set1_epi32(x1));
           }
         }
-        const __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2048 + 16 * j)))));
+        const __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + h5 + 2048 + 16 * j)))));
         for (int r = 0; r < R; r++) gacc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), s, gacc[r]);
       }
       for (int r = 0; r < R; r++) fma_into(acc_m[r], gacc[r], _mm512_set1_ps(c.dx[(m0 + r) * groups + g]));
       for (int j = 0; j < 8; j++) {
-        const __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2176 + 16 * j)))));
+        const __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + h5 + 2176 + 16 * j)))));
         for (int r = 0; r < R; r++) fma_into(mac_m[r], mn, _mm512_set1_ps(c.xsd[(m0 + r) * c.S16 + 8 * g + j]));
       }
     }
@@ -2296,7 +2325,7 @@ VNNI_FN void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, 
 // (the same values: d·sc and dmin·m exact; Q6_K's q − 32 and its mn from the same integers, the same float steps)
 template <int QT>
 VNNI_FN void unpack16(const Call& c, const uint8_t* pk, int64_t b, Packed& p) {
-  const int64_t groups = c.K / 256, gb = QT == Q6_K ? PACKED_Q6K : PACKED_Q4K;
+  const int64_t groups = c.K / 256, gb = packed_bytes(QT), h5 = high5(QT);
   const __m512i lo4 = _mm512_set1_epi8(15);
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* o = pk + (b * groups + g) * gb;
@@ -2320,16 +2349,20 @@ VNNI_FN void unpack16(const Call& c, const uint8_t* pk, int64_t b, Packed& p) {
       }
       _mm512_storeu_ps(p.mn.data() + g * 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(128.f), d), _mm512_cvtepi32_ps(sum)));
     } else {
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2304)));
-      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 2336)));
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + h5 + 2304)));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + h5 + 2336)));
       for (int j = 0; j < 8; j++) {
+        __m512i hb = _mm512_setzero_si512();
+        if constexpr (QT == Q5_K) hb = _mm512_loadu_si512(o + 2048 + 64 * j);
         for (int t = 0; t < 4; t++) {
           const __m512i v = _mm512_loadu_si512(o + (4 * j + t) * 64);
-          _mm512_storeu_si512(q + (8 * j + 2 * t) * 64, _mm512_and_si512(v, lo4));
-          _mm512_storeu_si512(q + (8 * j + 2 * t + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+          __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+          if constexpr (QT == Q5_K) fifth_bits(hb, w0, w1);
+          _mm512_storeu_si512(q + (8 * j + 2 * t) * 64, w0);
+          _mm512_storeu_si512(q + (8 * j + 2 * t + 1) * 64, w1);
         }
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2048 + 16 * j))));
-        const __m512 mv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + 2176 + 16 * j))));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + h5 + 2048 + 16 * j))));
+        const __m512 mv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(o + h5 + 2176 + 16 * j))));
         _mm512_storeu_ps(p.s.data() + (g * 8 + j) * 16, _mm512_mul_ps(d, sc));
         _mm512_storeu_ps(p.mn.data() + (g * 8 + j) * 16, _mm512_mul_ps(dmin, mv));
       }
@@ -2338,9 +2371,9 @@ VNNI_FN void unpack16(const Call& c, const uint8_t* pk, int64_t b, Packed& p) {
 }
 #endif  // QMM_X86
 
-// The packed form of w [N, row_bytes] (Q4_K or Q6_K, N a multiple of 16): [N / 16, K / 256, packed_bytes] uint8
+// The packed form of w [N, row_bytes] (Q4_K, Q5_K or Q6_K, N a multiple of 16): [N / 16, K / 256, packed_bytes] uint8
 torch::Tensor pack(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
-  TORCH_CHECK(qtype == Q4_K || qtype == Q6_K, "qmatmul.pack: Q4_K or Q6_K only");
+  TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.pack: Q4_K, Q5_K or Q6_K only");
   TORCH_CHECK(N % 16 == 0 && K % 256 == 0, "qmatmul.pack: N must be a multiple of 16, K of 256");
   const int64_t row_bytes = K / 256 * format_of(qtype).block_bytes;
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
@@ -2352,7 +2385,7 @@ torch::Tensor pack(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
   return out;
 }
 
-// The file's blocks [N, row_bytes] of pack's form `packed` (Q4_K or Q6_K): unpack(pack(w)) is w
+// The file's blocks [N, row_bytes] of pack's form `packed` (Q4_K, Q5_K or Q6_K): unpack(pack(w)) is w
 torch::Tensor unpack(torch::Tensor packed, int64_t qtype, int64_t N, int64_t K) {
   check_packed("qmatmul.unpack", packed, qtype, N, K);
   const int64_t row_bytes = K / 256 * format_of(qtype).block_bytes;
@@ -2389,6 +2422,7 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
     using O = std::remove_pointer_t<decltype(y)>;
     chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
       if (qtype == Q6_K) packed_blocks<Q6_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
+      else if (qtype == Q5_K) packed_blocks<Q5_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
       else packed_blocks<Q4_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
     });
   };
@@ -2399,7 +2433,7 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
 }
 
 // A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
-// packed: pack()'s form of w, read instead (AVX-512 VNNI, Q4_K and Q6_K; the same values; w is then not read), or
+// packed: pack()'s form of w, read instead (AVX-512 VNNI, Q4_K, Q5_K, Q6_K; the same values; w is then not read), or
 // undefined.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> packed) {
@@ -2431,7 +2465,7 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
       if (wide) prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y, pk);
       else prompt_avx2<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
     } else if (qtype == Q5_K) {
-      if (wide) prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      if (wide) prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y, pk);
       else prompt_avx2<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
     } else {
       if (wide) prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y, pk);
@@ -2453,7 +2487,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "the weights as the file means them, into out [N, K] fp32 or bf16");
   m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)", py::arg("x"),
         py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("packed") = py::none());
-  m.def("pack", &pack, "the packed form of Q4_K / Q6_K weights, for mm_packed");
+  m.def("pack", &pack, "the packed form of Q4_K / Q5_K / Q6_K weights, for mm_packed");
   m.def("unpack", &unpack, "the file's blocks back from pack's form");
   m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI)");
   m.def("backend", &backend, "the SIMD path this CPU runs");

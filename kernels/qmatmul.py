@@ -2,7 +2,7 @@
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
     dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
-    packed_mm     Q4_K / Q6_K on AVX-512 VNNI: steps and passes from weights packed once (pack), the cost
+    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI: steps and passes from weights packed once (pack), the cost
                   nearly flat in the rows of a pass
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
@@ -56,7 +56,7 @@ def backend_line() -> str:
     best = ext.backend()
     if forced in PATHS:
         return f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})"
-    return f"C++ {best} path" + (", Q4_K and Q6_K steps from the packed form" if packs("q4_k", 16) else "")
+    return f"C++ {best} path" + (", Q4_K, Q5_K and Q6_K steps from the packed form" if packs("q4_k", 16) else "")
 
 
 def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: torch.Tensor | None = None,
@@ -87,11 +87,11 @@ def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | 
     return out
 
 
-PACKED_TYPES = ("q4_k", "q6_k")  # pack / mm_packed's (AVX-512 VNNI): a Q4_K_M file's K-quants
+PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's (AVX-512 VNNI): Q4_K_M and Q5_K_M files' K-quants
 
 
 def packs(qtype, N: int) -> bool:
-    """Whether a weight of this type and N outputs runs from pack()'s form here: Q4_K or Q6_K, N a multiple of 16,
+    """Whether a weight of this type and N outputs runs from pack()'s form here: Q4_K, Q5_K or Q6_K, N a multiple of 16,
     the kernel built, a CPU with AVX-512 VNNI, no path forced (SPECDEC_QMATMUL)."""
     if gb.type_name(qtype) not in PACKED_TYPES or N % 16 or _forced() != "auto":
         return False

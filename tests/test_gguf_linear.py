@@ -141,7 +141,7 @@ def test_a_changing_thread_count_changes_no_token(smollm2_blocks, smollm2, monke
 
 
 def test_packed_layers_give_a_pass_the_bits_of_steps():
-    """A tiny Llama whose every linear is a Q4_K or Q6_K GgufLinear run from the packed form (where it runs: AVX-512
+    """A tiny Llama whose every linear is a Q4_K, Q5_K or Q6_K GgufLinear run from the packed form (where it runs: AVX-512
     VNNI): a pass's rows are its steps' bits, greedy speculative output (a differently quantized twin drafting) is
     the autoregressive output, and q, k, v and gate, up joined read views of their joint layer's packed form."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -170,7 +170,7 @@ def test_packed_layers_give_a_pass_the_bits_of_steps():
         gguf_linear._pack(model)
         return model, blocks
 
-    (target, blocks), (draft, _) = on_blocks(["q4_k", "q6_k"]), on_blocks(["q6_k"])
+    (target, blocks), (draft, _) = on_blocks(["q4_k", "q5_k", "q6_k"]), on_blocks(["q6_k"])
     layers = gguf_layers(target)
     assert all(layer.packed is not None and layer.blocks is None for layer in layers)  # the blocks let go
     assert all(torch.equal(layer.file_blocks(), blocks[layer]) for layer in layers)  # and rebuilt alike

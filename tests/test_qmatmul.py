@@ -318,7 +318,7 @@ def test_the_prompt_kernel_at_the_ends_of_its_integer_ranges(name, sign, kernel)
     if not _prompt_kernel_here():
         pytest.skip("the prompt kernel runs on AVX-512 VNNI and AVX2 (elsewhere a prompt is a dense product)")
     if kernel == "packed" and not (name in qmatmul.PACKED_TYPES and _packed_here()):
-        pytest.skip("the packed kernel: Q4_K and Q6_K on AVX-512 VNNI")
+        pytest.skip("the packed kernel: the K-quants on AVX-512 VNNI")
     N, K = 32, 512
     blocks = gb.random_blocks(name, N, K, seed=3).reshape(N, K // 256, -1).clone()
     for a, b, v in EXTREME_QUANTS[name]:
@@ -348,7 +348,7 @@ def _packed_here() -> bool:
 
 @pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
 def test_the_packed_kernel_is_the_quantized_product(name):
-    """packed_mm (steps, passes and prompts of Q4_K and Q6_K layers on AVX-512 VNNI) quantizes x as mm does and
+    """packed_mm (steps and passes of Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI) quantizes x as mm does and
     differs from the exact product of those integers only in its fp32 operations; the packed form is about the
     file's size (a step reads about its bytes)."""
     if not _packed_here():
@@ -390,7 +390,7 @@ def test_the_packed_kernel_computes_each_row_alike(name):
 def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
     assert ("packed" in qmatmul.backend_line()) == qmatmul.packs("q4_k", 16)  # the line says which runs
     assert not qmatmul.packs("q4_k", 40)  # N not a multiple of 16
-    assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q5_k", 32)
+    assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q4_0", 32)  # not K-quants
     monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # a forced path: the blocks as they are
     assert not qmatmul.packs("q4_k", 32) and "packed" not in qmatmul.backend_line()
 
