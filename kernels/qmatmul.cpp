@@ -2042,9 +2042,9 @@ AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const
 // Steps and passes on AVX-512 VNNI (Q4_K, Q5_K, Q6_K): the weights packed once, at load (pack), for
 // vpdpbusd: a zmm's 16 lanes are 16 outputs, the quants of 16 weight rows interleaved 4 at a time as the prompt's
 // Packed holds them, but 4 bits each (Q5_K: 5, Q6_K: 6), so that a step reads about the file's bytes (Q4_K +2.8 %,
-// Q5_K +2.3 %, Q6_K the same). Every row of x times each unpacked weight vector: the cost of a call grows with its rows by the products
-// alone. mm_packed takes calls of any size; GgufLinear sends it those of ≤ 33 rows, a prompt going to mm_prompt,
-// which reads the same packed form (unpack16).
+// Q5_K +2.3 %, Q6_K the same). Every row of x times each unpacked weight vector: the cost of a call grows with its
+// rows by the products alone. mm_packed takes calls of any size; GgufLinear sends it those of ≤ 33 rows, a prompt
+// going to mm_prompt, which reads the same packed form (unpack16).
 //
 // The arithmetic, for one output (every tile computes it alike, whatever M, the tile or the thread):
 //   x        quantized as mm quantizes it (int8 per 256, the kernel order)
