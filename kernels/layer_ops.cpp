@@ -30,6 +30,11 @@
 #else
 #define LO_AVX2 0
 #endif
+#if defined(__AVX512F__) && LO_AVX2
+#define LO_AVX512 1
+#else
+#define LO_AVX512 0
+#endif
 
 namespace {
 
@@ -59,8 +64,56 @@ T* data(const torch::Tensor& t) {
 
 bool is_act(const torch::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat; }
 
+#if LO_AVX2
+// 8 activations widened to fp32, and 8 fp32 rounded to the storage as st does (bf16: nearest, ties to even, a NaN
+// 0x7FC0, c10::BFloat16's rounding)
+inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 ld8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline void st8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline __m256i bf16_8(__m256 v) {  // the 8 bf16 bit patterns, one in the low half of each 32-bit lane
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+                                        _mm256_set1_epi32(0x7FFF));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+inline void st8(uint16_t* p, __m256 v) {
+  const __m256i r = bf16_8(v);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // lanes 0-3, 4-7 in order
+  _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(packed));
+}
+template <typename T> inline __m256 rnd8(__m256 v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_8(v), 16));
+}
+#endif
+
+#if LO_AVX512
+// ld8, st8 and rnd8 on 16 lanes
+inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 ld16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline __m512i bf16_16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+inline void st16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void st16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(bf16_16(v))); }
+template <typename T> inline __m512 rnd16(__m512 v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_16(v), 16));
+}
+#endif
+
 // x [..., d] contiguous (updated to x + y where y is given), y like x or undefined, w [d], all of one dtype (bf16
-// or fp32) -> the RMS norm of each row, like x
+// or fp32) -> the RMS norm of each row, like x. With AVX-512 (AVX2) the same operations 16 (8) elements at a time:
+// the sum of squares' 16 lanes one register (two).
 template <typename T>
 void add_rms_t(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& w, double eps,
                torch::Tensor& out) {
@@ -76,19 +129,63 @@ void add_rms_t(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, co
     std::vector<float> s(d);
     for (int64_t m = m0; m < m1; m++) {
       T* xr = xs + m * d;
-      for (int64_t i = 0; i < d; i++) {
-        if (add) xr[i] = st<T>(ld(xr[i]) + ld(ys[m * d + i]));
-        s[i] = ld(xr[i]);
-      }
+      const T* yr = add ? ys + m * d : nullptr;
+      T* orow = os + m * d;
       float lanes[16] = {0.f};
-      for (int64_t i0 = 0; i0 < D16; i0 += 16)
+      int64_t i = 0;
+#if LO_AVX512
+      __m512 a = _mm512_setzero_ps();
+      for (; i < D16; i += 16) {
+        __m512 v = ld16(xr + i);
+        if (add) {
+          v = rnd16<T>(_mm512_add_ps(v, ld16(yr + i)));
+          st16(xr + i, v);  // exact: v is the storage's already
+        }
+        _mm512_storeu_ps(s.data() + i, v);
+        a = _mm512_add_ps(a, _mm512_mul_ps(v, v));
+      }
+      _mm512_storeu_ps(lanes, a);
+#elif LO_AVX2
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      for (; i < D16; i += 16) {
+        __m256 s0 = ld8(xr + i), s1 = ld8(xr + i + 8);
+        if (add) {
+          s0 = rnd8<T>(_mm256_add_ps(s0, ld8(yr + i)));
+          s1 = rnd8<T>(_mm256_add_ps(s1, ld8(yr + i + 8)));
+          st8(xr + i, s0);  // exact: s0 is the storage's already
+          st8(xr + i + 8, s1);
+        }
+        _mm256_storeu_ps(s.data() + i, s0);
+        _mm256_storeu_ps(s.data() + i + 8, s1);
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(s0, s0));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(s1, s1));
+      }
+      _mm256_storeu_ps(lanes, a0);
+      _mm256_storeu_ps(lanes + 8, a1);
+#endif
+      for (int64_t i1 = i; i1 < d; i1++) {
+        if (add) xr[i1] = st<T>(ld(xr[i1]) + ld(yr[i1]));
+        s[i1] = ld(xr[i1]);
+      }
+      for (int64_t i0 = i; i0 < D16; i0 += 16)
         for (int l = 0; l < 16; l++) lanes[l] = lanes[l] + s[i0 + l] * s[i0 + l];
       for (int h = 8; h >= 1; h /= 2)
         for (int l = 0; l < h; l++) lanes[l] = lanes[l] + lanes[l + h];
       float r = lanes[0];
-      for (int64_t i = D16; i < d; i++) r = r + s[i] * s[i];
+      for (int64_t j = D16; j < d; j++) r = r + s[j] * s[j];
       const float inv = 1.f / std::sqrt(r / (float)d + e);
-      for (int64_t i = 0; i < d; i++) os[m * d + i] = st<T>(ld(ws[i]) * rnd<T>(s[i] * inv));
+      int64_t j = 0;
+#if LO_AVX512
+      const __m512 iv16 = _mm512_set1_ps(inv);
+      for (; j + 16 <= d; j += 16)
+        st16(orow + j, _mm512_mul_ps(ld16(ws + j), rnd16<T>(_mm512_mul_ps(_mm512_loadu_ps(s.data() + j), iv16))));
+#endif
+#if LO_AVX2
+      const __m256 iv = _mm256_set1_ps(inv);
+      for (; j + 8 <= d; j += 8)
+        st8(orow + j, _mm256_mul_ps(ld8(ws + j), rnd8<T>(_mm256_mul_ps(_mm256_loadu_ps(s.data() + j), iv))));
+#endif
+      for (; j < d; j++) orow[j] = st<T>(ld(ws[j]) * rnd<T>(s[j] * inv));
     }
   });
 }
@@ -194,30 +291,48 @@ inline __m256 silu_mul8(__m256 g, __m256 u) {
 }
 #endif
 
-// gu [..., 2F] (the last dim contiguous; g its first F, u the rest) -> out [..., F] contiguous
+#if LO_AVX512
+// silu_mul8 on 16 lanes, operation for operation
+inline __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 a = _mm512_max_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN))),
+                                 _mm512_set1_ps(-87.3f));  // −|g|, held
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 t = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), a);
+  t = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187e-06f), t);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(c));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e));
+  const __m512 sig = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), _mm512_mul_ps(e, r), r);
+  return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
+}
+#endif
+
+// gu [..., 2F] (the last dim contiguous; g its first F, u the rest) -> out [..., F] contiguous, in pieces of ≤ PIECE
+// elements of a row spread over the threads (every element alike: where it is computed does not matter)
+constexpr int64_t PIECE = 1024;
 template <typename T>
 void silu_mul_t(const torch::Tensor& gu, torch::Tensor& out) {
   const int64_t F = out.size(-1), M = F ? out.numel() / F : 0, stride = gu.dim() > 1 ? gu.stride(-2) : 2 * F;
+  const int64_t pieces = (F + PIECE - 1) / PIECE;
   const T* src = data<T>(gu);
   T* dst = data<T>(out);
-  at::parallel_for(0, M, std::max<int64_t>(1, 65536 / std::max<int64_t>(F, 1)), [&](int64_t m0, int64_t m1) {
-    std::vector<float> buf(std::is_same_v<T, float> ? 0 : 3 * F);  // bf16: g, u widened and the fp32 result
-    for (int64_t m = m0; m < m1; m++) {
-      const float *g, *u;
-      float* o;
-      if constexpr (std::is_same_v<T, float>) {
-        g = src + m * stride, u = g + F, o = dst + m * F;
-      } else {
-        for (int64_t i = 0; i < 2 * F; i++) buf[i] = ld(src[m * stride + i]);
-        g = buf.data(), u = g + F, o = buf.data() + 2 * F;
-      }
-      int64_t i = 0;
-#if LO_AVX2
-      for (; i + 8 <= F; i += 8) _mm256_storeu_ps(o + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  at::parallel_for(0, M * pieces, 16, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p++) {
+      const int64_t m = p / pieces, i0 = p % pieces * PIECE, i1 = std::min(F, i0 + PIECE);
+      const T* g = src + m * stride;
+      const T* u = g + F;
+      T* o = dst + m * F;
+      int64_t i = i0;
+#if LO_AVX512
+      for (; i + 16 <= i1; i += 16) st16(o + i, silu_mul16(ld16(g + i), ld16(u + i)));
 #endif
-      for (; i < F; i++) o[i] = silu_mul1(g[i], u[i]);
-      if constexpr (!std::is_same_v<T, float>)
-        for (int64_t j = 0; j < F; j++) dst[m * F + j] = st<T>(o[j]);
+#if LO_AVX2
+      for (; i + 8 <= i1; i += 8) st8(o + i, silu_mul8(ld8(g + i), ld8(u + i)));
+#endif
+      for (; i < i1; i++) o[i] = st<T>(silu_mul1(ld(g[i]), ld(u[i])));
     }
   });
 }

@@ -1,6 +1,6 @@
 """kernels/layer_ops: the fused residual add + RMS norm against its torch twin (the same bits) and the fp64 norm
 (within the bound its roundings allow), each row alone; the fused rotary embedding and cache writes against torch's
-ops, bit for bit."""
+ops, bit for bit; the builds for AVX2 and for plain x86-64 (the paths other CPUs run) give this CPU's bits."""
 
 from __future__ import annotations
 
@@ -8,12 +8,18 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from specdec_cli.kernels import layer_ops
+from specdec_cli.kernels import cpp, layer_ops
 
 pytestmark = pytest.mark.skipif(layer_ops.KERNEL.module() is None, reason="the layer_ops kernel did not build")
 
 
 DTYPES = [torch.bfloat16, torch.float32]
+
+# the kernel built for x86-64-v3 (AVX2 and FMA, no AVX-512: 8 lanes) and x86-64 (the plain loops), made at import so
+# that the session builds them side by side with the others (conftest.pytest_collection_finish)
+LEVELS = {march: cpp.Extension(f"layer_ops_{march}", layer_ops.SOURCE,
+                               ["-O3", f"-march={march}", "-ffp-contract=off", "-std=c++17"], "")
+          for march in ("x86-64-v3", "x86-64")}
 UNIT = {torch.bfloat16: 2**-8, torch.float32: 2**-24}  # unit roundoff
 
 
@@ -111,3 +117,34 @@ def test_silu_mul_is_silu_times_up_and_every_element_alike(dtype):
     ops.ext = None
     fallback = ops.silu_mul(gu)
     assert torch.equal(fallback, torch.nn.functional.silu(gu[:, :F]) * gu[:, F:])
+
+
+@pytest.mark.parametrize("march", list(LEVELS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_build_gives_this_cpus_bits(march, dtype):
+    """add_rms, silu_mul and rope_store of the AVX2 and plain builds equal this CPU's build bit for bit (rows of 72
+    and 1536: lane tails and whole registers; values up to where bf16 sums overflow, and ties of the rounding)."""
+    other = LEVELS[march].module()
+    assert other is not None, LEVELS[march].error
+    native = layer_ops.KERNEL.module()
+    torch.manual_seed(3)
+    for d in (72, 1536):
+        x = (torch.randn(9, d) * 3).to(dtype)
+        y = torch.randn(9, d).to(dtype)
+        x[0, :8] = y[0, :8] = 3e38  # sums past the largest bf16 / fp32: inf
+        w = (torch.rand(d) + 0.5).to(dtype)
+        a, b = x.clone(), x.clone()
+        got, want = other.add_rms(a, y, w, 1e-6), native.add_rms(b, y, w, 1e-6)
+        assert torch.equal(a.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                           b.view(torch.int16 if dtype != torch.float32 else torch.int32))
+        assert torch.equal(got[1:], want[1:]) and torch.equal(got[0].isnan(), want[0].isnan())
+        assert torch.equal(other.add_rms(x[1:].clone(), None, w, 1e-6), native.add_rms(x[1:].clone(), None, w, 1e-6))
+    gu = (torch.randn(9, 2 * 1003) * 6).to(dtype)
+    assert torch.equal(other.silu_mul(gu), native.silu_mul(gu))
+    B, T, H, KVH, D, S = 1, 5, 6, 2, 64, 12
+    q, k, v = torch.randn(B, T, H, D).to(dtype), torch.randn(B, T, KVH, D).to(dtype), torch.randn(B, T, KVH, D).to(dtype)
+    cos, sin = torch.randn(B, T, D).to(dtype), torch.randn(B, T, D).to(dtype)
+    caches = [torch.zeros(B, KVH, S, D, dtype=dtype) for _ in range(4)]
+    mine = other.rope_store(q, k, v, cos, sin, caches[0], caches[1], 3)
+    theirs = native.rope_store(q, k, v, cos, sin, caches[2], caches[3], 3)
+    assert torch.equal(mine, theirs) and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
