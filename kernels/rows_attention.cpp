@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
 namespace {
@@ -312,9 +313,23 @@ template <typename TK>
 }
 #endif
 
-// One thread's buffers for a group of M members (query rows) over S keys, kept from group to group
+// Vectors on 64-byte boundaries: a zmm load that straddles two cache lines costs two (unaligned, the dots of
+// dots_block ran at half speed)
+template <typename T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <typename U> Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U> bool operator==(const Aligned64<U>&) const { return true; }
+  template <typename U> bool operator!=(const Aligned64<U>&) const { return false; }
+};
+
+// One thread's buffers for a group of M members (query rows) over S keys, kept from group to group; a member's
+// rows of s, qf and o start on 64-byte boundaries when S and D are multiples of 16
 struct Scratch {
-  std::vector<float> s, qf, o, kb, l, shown;
+  std::vector<float, Aligned64<float>> s, qf, o, kb, l, shown;
   std::vector<int64_t> end;
   void fit(int64_t M, int64_t S, int64_t D) {
     s.resize(M * S), qf.resize(M * D), o.resize(M * D), kb.resize(16 * D), l.resize(M), end.resize(M), shown.resize(S);
@@ -376,9 +391,10 @@ void weighted_values_n(int MB, const TK* v, int64_t vstride, int64_t D, int64_t 
 template <typename TQ, typename TK>
 void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t nr, Scratch& w) {
   const int64_t D = a.D, S = a.S, M = nh * nr, kvh = h0 / (a.H / a.KVH);
+  const int64_t SS = (S + 15) / 16 * 16;  // s's row stride: each member's row on a 64-byte boundary
   const TK* k = (const TK*)a.k + b * a.ks[0] + kvh * a.ks[1];
   const TK* v = (const TK*)a.v + b * a.vs[0] + kvh * a.vs[1];
-  w.fit(M, S, D);
+  w.fit(M, SS, D);
   float* s = w.s.data();
   float* qf = w.qf.data();
   float* o = w.o.data();
@@ -408,14 +424,26 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
       float* kb = w.kb.data();  // the block's keys in fp32, [D / 16, KB, 16]
       for (int64_t d = 0; d < D; d += 16)
         for (int i = 0; i < KB; i++) vstore(kb + d * KB + 16 * i, vload(k + (j0 + i) * a.ks[2] + d));
-      for (int64_t m = 0; m < M; m++) dots_block(qf + m * D, D, kb, s + m * S + j0);
+      for (int64_t m = 0; m < M; m++) dots_block(qf + m * D, D, kb, s + m * SS + j0);
     }
+  if (D % 16 == 0 && j0 < jend) {  // the last n < KB keys: a block with zeros after them (their dots are dropped)
+    const int64_t n = jend - j0;
+    float* kb = w.kb.data();
+    for (int64_t d = 0; d < D; d += 16)
+      for (int i = 0; i < KB; i++) vstore(kb + d * KB + 16 * i, i < n ? vload(k + (j0 + i) * a.ks[2] + d) : vset(0.f));
+    alignas(64) float part[KB];
+    for (int64_t m = 0; m < M; m++) {
+      dots_block(qf + m * D, D, kb, part);
+      std::memcpy(s + m * SS + j0, part, n * sizeof(float));
+    }
+    j0 = jend;
+  }
 #endif
   for (int64_t m = 0; m < M; m++) {  // the keys left (all of them without SIMD), then each member's softmax terms
-    dots<TK>(qf + m * D, k + j0 * a.ks[2], a.ks[2], jend - j0, D, s + m * S + j0);
+    dots<TK>(qf + m * D, k + j0 * a.ks[2], a.ks[2], jend - j0, D, s + m * SS + j0);
     const int64_t h = h0 + m / nr, r = r0 + m % nr;
-    l[m] = softmax_terms(a, b * a.ms[0] + h * a.ms[1] + r * a.ms[2], end[m], s + m * S, w.shown.data());
-    for (int64_t j = end[m]; j < jend; j++) s[m * S + j] = 0.f;  // keys past its end: not seen
+    l[m] = softmax_terms(a, b * a.ms[0] + h * a.ms[1] + r * a.ms[2], end[m], s + m * SS, w.shown.data());
+    for (int64_t j = end[m]; j < jend; j++) s[m * SS + j] = 0.f;  // keys past its end: not seen
   }
   bool done = false;
 #if SIMD16
@@ -423,7 +451,7 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
     constexpr int MB = ACCS / 4;  // members sharing the value loads, 4 chunks each (AVX2: one)
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int n = (int)std::min<int64_t>(MB, M - m0);
-      weighted_values_n<TK>(n, v, a.vs[2], D, S, jend, s + m0 * S, l + m0, o + m0 * D);
+      weighted_values_n<TK>(n, v, a.vs[2], D, SS, jend, s + m0 * SS, l + m0, o + m0 * D);
     }
     done = true;
   }
@@ -431,7 +459,7 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
   if (!done)
     for (int64_t m = 0; m < M; m++) {
       float* om = o + m * D;
-      const float* sm = s + m * S;
+      const float* sm = s + m * SS;
       for (int64_t d = 0; d < D; d++) om[d] = 0.f;
       for (int64_t j = 0; j < end[m]; j++) {
         if (sm[j] == 0.f) continue;
