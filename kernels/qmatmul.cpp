@@ -2221,9 +2221,9 @@ VNNI_FN inline __attribute__((always_inline)) void fma_into(float* a, __m512 x, 
   _mm512_store_ps(a, _mm512_fmadd_ps(x, y, _mm512_load_ps(a)));
 }
 
-// R rows (x: xq8, [M, K] kernel order; xs16: Q6_K's Σ x per 16) × 16 outputs of block b over every group, into y
+// R rows (x: xq8, [M, K] kernel order; off16: Q6_K's −32 · Σ x per 16) × 16 outputs of block b over every group, into y
 template <int QT, int R, typename O>
-VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* xs16, int64_t m0,
+VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off16, int64_t m0,
                          int64_t b, O* y) {
   const int64_t groups = c.K / 256, gb = packed_bytes(QT), h5 = high5(QT);
   const __m512i lo4 = _mm512_set1_epi8(15);
@@ -2245,7 +2245,7 @@ VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, co
         __m512i w[4];
         q6_quads(o, j, w);
         __m512i ia[R];
-        for (int r = 0; r < R; r++) ia[r] = _mm512_set1_epi32(-32 * xs16[(m0 + r) * (c.K / 16) + 16 * g + j]);
+        for (int r = 0; r < R; r++) ia[r] = _mm512_set1_epi32(off16[(m0 + r) * (c.K / 16) + 16 * g + j]);  // a load
         for (int k = 0; k < 4; k++)
           for (int r = 0; r < R; r++) {
             int32_t xv;
@@ -2300,22 +2300,22 @@ VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, co
 // 9-row pass one tile, its weights unpacked once: 1.05–1.17× the 5 + 4 of tiles of 6, one and five rows alike)
 constexpr int PACKED_TILE = 9;
 template <int QT, typename O>
-VNNI_FN void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* xs16, int64_t b0,
+VNNI_FN void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off16, int64_t b0,
                            int64_t b1, O* y) {
   const int64_t tiles = (c.M + PACKED_TILE - 1) / PACKED_TILE;
   for (int64_t b = b0; b < b1; b++)
     for (int64_t t = 0, m = 0; t < tiles; t++) {
       const int64_t rows = (c.M - m) / (tiles - t) + ((c.M - m) % (tiles - t) ? 1 : 0);
       switch (rows) {
-        case 9: packed_tile<QT, 9, O>(c, pk, xs, xs16, m, b, y); break;
-        case 8: packed_tile<QT, 8, O>(c, pk, xs, xs16, m, b, y); break;
-        case 7: packed_tile<QT, 7, O>(c, pk, xs, xs16, m, b, y); break;
-        case 6: packed_tile<QT, 6, O>(c, pk, xs, xs16, m, b, y); break;
-        case 5: packed_tile<QT, 5, O>(c, pk, xs, xs16, m, b, y); break;
-        case 4: packed_tile<QT, 4, O>(c, pk, xs, xs16, m, b, y); break;
-        case 3: packed_tile<QT, 3, O>(c, pk, xs, xs16, m, b, y); break;
-        case 2: packed_tile<QT, 2, O>(c, pk, xs, xs16, m, b, y); break;
-        default: packed_tile<QT, 1, O>(c, pk, xs, xs16, m, b, y); break;
+        case 9: packed_tile<QT, 9, O>(c, pk, xs, off16, m, b, y); break;
+        case 8: packed_tile<QT, 8, O>(c, pk, xs, off16, m, b, y); break;
+        case 7: packed_tile<QT, 7, O>(c, pk, xs, off16, m, b, y); break;
+        case 6: packed_tile<QT, 6, O>(c, pk, xs, off16, m, b, y); break;
+        case 5: packed_tile<QT, 5, O>(c, pk, xs, off16, m, b, y); break;
+        case 4: packed_tile<QT, 4, O>(c, pk, xs, off16, m, b, y); break;
+        case 3: packed_tile<QT, 3, O>(c, pk, xs, off16, m, b, y); break;
+        case 2: packed_tile<QT, 2, O>(c, pk, xs, off16, m, b, y); break;
+        default: packed_tile<QT, 1, O>(c, pk, xs, off16, m, b, y); break;
       }
       m += rows;
     }
@@ -2409,11 +2409,11 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
          o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
   quantize_rows(o.x, c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
-  std::vector<int32_t> xs16(qtype == Q6_K ? M * (K / 16) : 0);  // Q6_K: Σ x per 16 (its slots), for the −32
-  for (int64_t i = 0; i < (int64_t)xs16.size(); i++) {
+  std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : 0);  // Q6_K: −32 · Σ x per 16 (its slots), the offset's
+  for (int64_t i = 0; i < (int64_t)off16.size(); i++) {
     int32_t t = 0;
     for (int e = 0; e < 16; e++) t += xq8[16 * i + e];
-    xs16[i] = t;
+    off16[i] = -32 * t;
   }
 #if QMM_X86
   const uint8_t* pk = packed.data_ptr<uint8_t>();
@@ -2421,9 +2421,9 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
     chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
-      if (qtype == Q6_K) packed_blocks<Q6_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
-      else if (qtype == Q5_K) packed_blocks<Q5_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
-      else packed_blocks<Q4_K, O>(c, pk, xs, xs16.data(), b0, b1, y);
+      if (qtype == Q6_K) packed_blocks<Q6_K, O>(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q5_K) packed_blocks<Q5_K, O>(c, pk, xs, off16.data(), b0, b1, y);
+      else packed_blocks<Q4_K, O>(c, pk, xs, off16.data(), b0, b1, y);
     });
   };
   if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
