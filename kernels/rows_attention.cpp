@@ -96,8 +96,12 @@ inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.a); }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.a, b.a, c.a)}; }
 inline V vadd(V a, V b) { return {_mm512_add_ps(a.a, b.a)}; }
 inline V vmax(V x, V m) { return {_mm512_max_ps(x.a, m.a)}; }  // x > m ? x : m (NaN x: m)
-inline V vfma_if(bool live, V a, V b, V c) {  // c where !live
-  return {_mm512_mask3_fmadd_ps(a.a, b.a, c.a, (__mmask16)-(int)live)};
+// a member's e_j broadcast, and whether it is ≠ 0 (a k-mask: all lanes or none; e_j is +0 or more, or NaN, so its
+// bits are 0 exactly where e_j = 0)
+using Live = __mmask16;
+inline Live vlive(V e) { return _mm512_test_epi32_mask(_mm512_castps_si512(e.a), _mm512_castps_si512(e.a)); }
+inline V vfma_if(Live live, V a, V b, V c) {  // c where !live
+  return {_mm512_mask3_fmadd_ps(a.a, b.a, c.a, live)};
 }
 inline V vmul(V a, V b) { return {_mm512_mul_ps(a.a, b.a)}; }
 inline V vsub(V a, V b) { return {_mm512_sub_ps(a.a, b.a)}; }
@@ -125,7 +129,9 @@ inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(
 inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline V vadd(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 inline V vmax(V x, V m) { return {_mm256_max_ps(x.lo, m.lo), _mm256_max_ps(x.hi, m.hi)}; }  // x > m ? x : m
-inline V vfma_if(bool live, V a, V b, V c) {  // c where !live
+using Live = bool;
+inline Live vlive(V e) { return _mm256_cvtss_f32(e.lo) != 0.f; }  // e: one value broadcast
+inline V vfma_if(Live live, V a, V b, V c) {  // c where !live
   return live ? vfma(a, b, c) : c;
 }
 inline V vmul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
@@ -351,9 +357,10 @@ void weighted_values(const TK* v, int64_t vstride, int64_t D, int64_t S, int64_t
     for (int m = 0; m < MB; m++)
       for (int c = 0; c < CB; c++) acc[m][c] = vset(0.f);
     for (int64_t j = 0; j < jend; j++) {
-      bool live[MB], any = false;
+      Live live[MB];
+      bool any = false;
       V e[MB];
-      for (int m = 0; m < MB; m++) live[m] = s[m * S + j] != 0.f, any |= live[m], e[m] = vset(s[m * S + j]);
+      for (int m = 0; m < MB; m++) e[m] = vset(s[m * S + j]), live[m] = vlive(e[m]), any |= live[m] != 0;
       if (c0 == 0)  // a later row's values, from memory
         for (int64_t i = 0; i < D * (int64_t)sizeof(TK); i += 64)
           __builtin_prefetch((const char*)(v + (j + ahead) * vstride) + i);
