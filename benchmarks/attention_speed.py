@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import tempfile
@@ -34,11 +35,20 @@ SHAPES = {
 
 
 def build_at(revision: str):
-    """rows_attention.cpp as it was at `revision`, built like this tree's kernel."""
-    source = subprocess.run(["git", "show", f"{revision}:kernels/rows_attention.cpp"], capture_output=True, text=True,
-                            check=True, cwd=Path(__file__).resolve().parent.parent).stdout
-    path = Path(tempfile.mkdtemp()) / f"rows_attention_{revision}.cpp"
-    path.write_text(source)
+    """rows_attention.cpp as it was at `revision`, with the headers it includes then, built like this tree's kernel."""
+    def show(name: str) -> str:
+        return subprocess.run(["git", "show", f"{revision}:kernels/{name}"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parent.parent).stdout
+
+    folder = Path(tempfile.mkdtemp())
+    path = folder / f"rows_attention_{revision}.cpp"
+    path.write_text(show("rows_attention.cpp"))
+    todo = [path]
+    while todo:
+        for name in re.findall(r'^\s*#include\s+"([^"]+)"', todo.pop().read_text(), re.M):
+            if not (folder / name).exists():
+                (folder / name).write_text(show(name))
+                todo.append(folder / name)
     kernel = cpp.Extension(f"rows_attention_{revision}", path, ["-O3", "-march=native", "-ffp-contract=off",
                                                                "-std=c++17"], "")
     module = kernel.module()

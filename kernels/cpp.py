@@ -59,9 +59,17 @@ class Extension:
         KERNELS.append(self)
 
     def headers(self) -> list[Path]:
-        """The headers beside the source that it includes (`#include "name.h"`), which its build reads too."""
-        names = re.findall(r'^\s*#include\s+"([^"]+)"', self.source.read_text(), re.M)
-        return [self.source.with_name(n) for n in names]
+        """The headers beside the source that it includes (`#include "name.h"`), and those they include, which its
+        build reads too."""
+        found: list[Path] = []
+        todo = [self.source]
+        while todo:
+            for name in re.findall(r'^\s*#include\s+"([^"]+)"', todo.pop().read_text(), re.M):
+                header = self.source.with_name(name)
+                if header not in found:
+                    found.append(header)
+                    todo.append(header)
+        return found
 
     def key(self) -> str:
         import torch

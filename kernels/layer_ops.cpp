@@ -13,7 +13,7 @@
 //   silu_mul  out = st((g · σ(g)) · u) from the two halves of a gate/up product, σ(g) = r for g ≥ 0, e · r otherwise,
 //             r = 1 / (1 + e), e = exp(−|g|) by expm (a degree-6 polynomial after range reduction, within 2 ulp;
 //             −|g| held at −87.3 and above): its own bits, not torch's silu; every element alike wherever it stands
-//             (the AVX2 lanes and the scalar tail take the same IEEE operations, each rounded once)
+//             (the vector lanes and the scalar tail take the same IEEE operations, each rounded once)
 // Each row computes alone: the same bits whatever the number of rows or threads. Compiled with -ffp-contract=off.
 
 #include <torch/extension.h>
@@ -24,17 +24,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define LO_AVX2 1
-#else
-#define LO_AVX2 0
-#endif
-#if defined(__AVX512F__) && LO_AVX2
-#define LO_AVX512 1
-#else
-#define LO_AVX512 0
-#endif
+#include "simd16.h"  // V: 16 lanes (AVX-512 or AVX2), vload, vstore, vbf16, ...
 
 namespace {
 
@@ -64,56 +54,16 @@ T* data(const torch::Tensor& t) {
 
 bool is_act(const torch::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat; }
 
-#if LO_AVX2
-// 8 activations widened to fp32, and 8 fp32 rounded to the storage as st does (bf16: nearest, ties to even, a NaN
-// 0x7FC0, c10::BFloat16's rounding)
-inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 ld8(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-}
-inline void st8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-inline __m256i bf16_8(__m256 v) {  // the 8 bf16 bit patterns, one in the low half of each 32-bit lane
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
-                                        _mm256_set1_epi32(0x7FFF));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-}
-inline void st8(uint16_t* p, __m256 v) {
-  const __m256i r = bf16_8(v);
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // lanes 0-3, 4-7 in order
-  _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(packed));
-}
-template <typename T> inline __m256 rnd8(__m256 v) {
+#if SIMD16
+template <typename T> inline V vrnd(V v) {  // rnd on 16 lanes
   if constexpr (std::is_same_v<T, float>) return v;
-  else return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_8(v), 16));
-}
-#endif
-
-#if LO_AVX512
-// ld8, st8 and rnd8 on 16 lanes
-inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 ld16(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-inline __m512i bf16_16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-}
-inline void st16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void st16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(bf16_16(v))); }
-template <typename T> inline __m512 rnd16(__m512 v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_16(v), 16));
+  else return vbf16(v);
 }
 #endif
 
 // x [..., d] contiguous (updated to x + y where y is given), y like x or undefined, w [d], all of one dtype (bf16
-// or fp32) -> the RMS norm of each row, like x. With AVX-512 (AVX2) the same operations 16 (8) elements at a time:
-// the sum of squares' 16 lanes one register (two).
+// or fp32) -> the RMS norm of each row, like x. With SIMD16 the same operations 16 elements at a time (the sum of
+// squares' 16 lanes one V).
 template <typename T>
 void add_rms_t(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& w, double eps,
                torch::Tensor& out) {
@@ -133,35 +83,18 @@ void add_rms_t(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, co
       T* orow = os + m * d;
       float lanes[16] = {0.f};
       int64_t i = 0;
-#if LO_AVX512
-      __m512 a = _mm512_setzero_ps();
+#if SIMD16
+      V a = vset(0.f);
       for (; i < D16; i += 16) {
-        __m512 v = ld16(xr + i);
+        V v = vload(xr + i);
         if (add) {
-          v = rnd16<T>(_mm512_add_ps(v, ld16(yr + i)));
-          st16(xr + i, v);  // exact: v is the storage's already
+          v = vrnd<T>(vadd(v, vload(yr + i)));
+          vstore(xr + i, v);  // exact: v is the storage's already
         }
-        _mm512_storeu_ps(s.data() + i, v);
-        a = _mm512_add_ps(a, _mm512_mul_ps(v, v));
+        vstore(s.data() + i, v);
+        a = vadd(a, vmul(v, v));
       }
-      _mm512_storeu_ps(lanes, a);
-#elif LO_AVX2
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      for (; i < D16; i += 16) {
-        __m256 s0 = ld8(xr + i), s1 = ld8(xr + i + 8);
-        if (add) {
-          s0 = rnd8<T>(_mm256_add_ps(s0, ld8(yr + i)));
-          s1 = rnd8<T>(_mm256_add_ps(s1, ld8(yr + i + 8)));
-          st8(xr + i, s0);  // exact: s0 is the storage's already
-          st8(xr + i + 8, s1);
-        }
-        _mm256_storeu_ps(s.data() + i, s0);
-        _mm256_storeu_ps(s.data() + i + 8, s1);
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(s0, s0));
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(s1, s1));
-      }
-      _mm256_storeu_ps(lanes, a0);
-      _mm256_storeu_ps(lanes + 8, a1);
+      vstore(lanes, a);
 #endif
       for (int64_t i1 = i; i1 < d; i1++) {
         if (add) xr[i1] = st<T>(ld(xr[i1]) + ld(yr[i1]));
@@ -175,15 +108,8 @@ void add_rms_t(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, co
       for (int64_t j = D16; j < d; j++) r = r + s[j] * s[j];
       const float inv = 1.f / std::sqrt(r / (float)d + e);
       int64_t j = 0;
-#if LO_AVX512
-      const __m512 iv16 = _mm512_set1_ps(inv);
-      for (; j + 16 <= d; j += 16)
-        st16(orow + j, _mm512_mul_ps(ld16(ws + j), rnd16<T>(_mm512_mul_ps(_mm512_loadu_ps(s.data() + j), iv16))));
-#endif
-#if LO_AVX2
-      const __m256 iv = _mm256_set1_ps(inv);
-      for (; j + 8 <= d; j += 8)
-        st8(orow + j, _mm256_mul_ps(ld8(ws + j), rnd8<T>(_mm256_mul_ps(_mm256_loadu_ps(s.data() + j), iv))));
+#if SIMD16
+      for (; j + 16 <= d; j += 16) vstore(orow + j, vmul(vload(ws + j), vrnd<T>(vmul(vload(s.data() + j), vset(inv)))));
 #endif
       for (; j < d; j++) orow[j] = st<T>(ld(ws[j]) * rnd<T>(s[j] * inv));
     }
@@ -254,7 +180,7 @@ torch::Tensor rope_store(torch::Tensor q, torch::Tensor k, torch::Tensor v, torc
 }
 
 // exp(x) for −87.3 ≤ x ≤ 0: x = n·ln2 + t (two-part ln2), exp(t) by a degree-6 polynomial in fma, times 2ⁿ built in
-// the exponent bits; silu_mul's σ and its product, one element (the scalar twin of silu_mul8)
+// the exponent bits; silu_mul's σ and its product, one element (the scalar twin of silu_mul16)
 inline float expm(float x) {
   const float n = std::nearbyint(x * 1.44269504088896341f);
   float t = std::fma(n, -0.693145751953125f, x);
@@ -273,40 +199,18 @@ inline float silu_mul1(float g, float u) {
   return (g * (g >= 0.f ? r : e * r)) * u;
 }
 
-#if LO_AVX2
-// silu_mul1 on 8 lanes, operation for operation
-inline __m256 silu_mul8(__m256 g, __m256 u) {
-  const __m256 a = _mm256_max_ps(_mm256_or_ps(g, _mm256_set1_ps(-0.f)), _mm256_set1_ps(-87.3f));  // −|g|, held
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 t = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), a);
-  t = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187e-06f), t);
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-  const __m256 r = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
-  const __m256 sig = _mm256_blendv_ps(_mm256_mul_ps(e, r), r, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
-  return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
-}
-#endif
-
-#if LO_AVX512
-// silu_mul8 on 16 lanes, operation for operation
-inline __m512 silu_mul16(__m512 g, __m512 u) {
-  const __m512 a = _mm512_max_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN))),
-                                 _mm512_set1_ps(-87.3f));  // −|g|, held
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 t = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), a);
-  t = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187e-06f), t);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(c));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-  const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e));
-  const __m512 sig = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), _mm512_mul_ps(e, r), r);
-  return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
+#if SIMD16
+// silu_mul1 on 16 lanes, operation for operation
+inline V silu_mul16(V g, V u) {
+  const V a = vmax(vneg_abs(g), vset(-87.3f));  // −|g|, held
+  const V n = vround(vmul(a, vset(1.44269504088896341f)));
+  V t = vfma(n, vset(-0.693145751953125f), a);
+  t = vfma(n, vset(-1.428606765330187e-06f), t);
+  V p = vset(1.f / 720);
+  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = vfma(p, t, vset(c));
+  const V e = vmul(p, vpow2(n));
+  const V r = vdiv(vset(1.f), vadd(vset(1.f), e));
+  return vmul(vmul(g, vif_nonneg(g, vmul(e, r), r)), u);
 }
 #endif
 
@@ -326,11 +230,8 @@ void silu_mul_t(const torch::Tensor& gu, torch::Tensor& out) {
       const T* u = g + F;
       T* o = dst + m * F;
       int64_t i = i0;
-#if LO_AVX512
-      for (; i + 16 <= i1; i += 16) st16(o + i, silu_mul16(ld16(g + i), ld16(u + i)));
-#endif
-#if LO_AVX2
-      for (; i + 8 <= i1; i += 8) st8(o + i, silu_mul8(ld8(g + i), ld8(u + i)));
+#if SIMD16
+      for (; i + 16 <= i1; i += 16) vstore(o + i, silu_mul16(vload(g + i), vload(u + i)));
 #endif
       for (; i < i1; i++) o[i] = st<T>(silu_mul1(ld(g[i]), ld(u[i])));
     }

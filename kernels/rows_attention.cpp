@@ -33,6 +33,8 @@
 #include <new>
 #include <vector>
 
+#include "simd16.h"  // V, vset, vload, vfma, vsum, ...
+
 namespace {
 
 // How far ahead of the keys and values being read they are fetched: a [4, 8, 1 500, 64] bf16 cross-attention, 6
@@ -77,86 +79,9 @@ inline float exp_poly(float x) {
   return p * two_n;
 }
 
-// SIMD: 16 lanes as one zmm (AVX-512) or two ymm (AVX2 with FMA), whichever this build's CPU has (the build key
-// holds its flags). Lane l of a dot is the chain of fma over d ≡ l (mod 16), then vsum's fixed reduction; vexp is
-// exp_poly lane by lane. Without either, the plain loops below run.
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#define SIMD16 1
-#if defined(__AVX512F__)
-constexpr int ACCS = 24;  // accumulators the 32 zmm registers hold beside their operands
-struct V { __m512 a; };
-inline V vset(float x) { return {_mm512_set1_ps(x)}; }
-inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline V vload(const c10::BFloat16* p) {
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16))};
-}
-inline V vload(const int8_t* p) { return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))}; }
-inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v.a); }
-inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.a, b.a, c.a)}; }
-inline V vadd(V a, V b) { return {_mm512_add_ps(a.a, b.a)}; }
-inline V vmax(V x, V m) { return {_mm512_max_ps(x.a, m.a)}; }  // x > m ? x : m (NaN x: m)
-// a member's e_j broadcast, and whether it is ≠ 0 (a k-mask: all lanes or none; e_j is +0 or more, or NaN, so its
-// bits are 0 exactly where e_j = 0)
-using Live = __mmask16;
-inline Live vlive(V e) { return _mm512_test_epi32_mask(_mm512_castps_si512(e.a), _mm512_castps_si512(e.a)); }
-inline V vfma_if(Live live, V a, V b, V c) {  // c where !live
-  return {_mm512_mask3_fmadd_ps(a.a, b.a, c.a, live)};
-}
-inline V vmul(V a, V b) { return {_mm512_mul_ps(a.a, b.a)}; }
-inline V vsub(V a, V b) { return {_mm512_sub_ps(a.a, b.a)}; }
-inline V vdiv(V a, V b) { return {_mm512_div_ps(a.a, b.a)}; }
-inline V vround(V a) { return {_mm512_roundscale_ps(a.a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
-inline V vpow2(V n) {  // 2ⁿ for integral n in the normal range
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.a), _mm512_set1_epi32(127)), 23))};
-}
-inline V vmul_live(V x, V p, V two_n) {  // p · 2ⁿ where x > −87.3, else 0
-  return {_mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x.a, _mm512_set1_ps(-87.3f), _CMP_GT_OQ), p.a, two_n.a)};
-}
-inline __m256 half_sum(V v) { return _mm256_add_ps(_mm512_castps512_ps256(v.a), _mm512_extractf32x8_ps(v.a, 1)); }
-#else
-constexpr int ACCS = 6;  // the 16 ymm registers: six two-ymm accumulators beside their operands
-struct V { __m256 lo, hi; };  // lanes 0–7, 8–15
-inline V vset(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
-inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-inline __m256 bf8(const c10::BFloat16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-}
-inline V vload(const c10::BFloat16* p) { return {bf8(p), bf8(p + 8)}; }
-inline __m256 i8x8(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
-inline V vload(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
-inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
-inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-inline V vadd(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
-inline V vmax(V x, V m) { return {_mm256_max_ps(x.lo, m.lo), _mm256_max_ps(x.hi, m.hi)}; }  // x > m ? x : m
-using Live = bool;
-inline Live vlive(V e) { return _mm256_cvtss_f32(e.lo) != 0.f; }  // e: one value broadcast
-inline V vfma_if(Live live, V a, V b, V c) {  // c where !live
-  return live ? vfma(a, b, c) : c;
-}
-inline V vmul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-inline V vsub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
-inline V vdiv(V a, V b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
-inline V vround(V a) {
-  constexpr int R = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  return {_mm256_round_ps(a.lo, R), _mm256_round_ps(a.hi, R)};
-}
-inline __m256 pow2_8(__m256 n) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
-inline V vpow2(V n) { return {pow2_8(n.lo), pow2_8(n.hi)}; }
-inline __m256 live8(__m256 x, __m256 p, __m256 two_n) {
-  return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GT_OQ), _mm256_mul_ps(p, two_n));
-}
-inline V vmul_live(V x, V p, V two_n) { return {live8(x.lo, p.lo, two_n.lo), live8(x.hi, p.hi, two_n.hi)}; }
-inline __m256 half_sum(V v) { return _mm256_add_ps(v.lo, v.hi); }
-#endif
-inline float vsum(V v) {  // tree16: (a_l + a_l+8), then + 4, + 2, + 1
-  const __m256 b = half_sum(v);
-  __m128 c = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-  c = _mm_add_ps(c, _mm_movehl_ps(c, c));
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
+// SIMD16 (simd16.h): 16 lanes as one zmm or two ymm. Lane l of a dot is the chain of fma over d ≡ l (mod 16), then
+// vsum's fixed reduction; vexp is exp_poly lane by lane. Without SIMD16, the plain loops below run.
+#if SIMD16
 inline V vexp(V x) {  // exp_poly's operations
   const V n = vround(vmul(x, vset(1.44269504088896341f)));
   V t = vfma(n, vset(-0.693145751953125f), x);

@@ -228,16 +228,20 @@ def test_load_all_builds_the_uncached_kernels_side_by_side(monkeypatch, tmp_path
 
 
 def test_the_key_holds_the_headers_a_source_includes(tmp_path):
-    """A header the source includes (`#include "bf16_bits.h"`) is in the key: editing it rebuilds every kernel that
-    includes it, and the package ships it beside the sources."""
+    """A header the source includes (`#include "bf16_bits.h"`), and one that header includes, is in the key: editing
+    it rebuilds every kernel that includes it, and the package ships it beside the sources."""
+    from specdec_cli.kernels import rows_attention
+
     assert qmatmul.SOURCE.with_name("bf16_bits.h") in qmatmul.KERNEL.headers()
-    (tmp_path / "rule.h").write_text("// one rule\n")
+    assert rows_attention.KERNEL.headers() == [rows_attention.SOURCE.with_name(n) for n in ("simd16.h", "bf16_bits.h")]
+    (tmp_path / "rule.h").write_text('#include "base.h"\n// one rule\n')
+    (tmp_path / "base.h").write_text("// under the rule\n")
     source = tmp_path / "k.cpp"
-    source.write_text('#include "rule.h"\nint f() { return 1; }\n')
+    source.write_text('#include "rule.h"\n#include "base.h"\nint f() { return 1; }\n')
     kernel = cpp.Extension("k", source, [], "")
-    assert kernel.headers() == [tmp_path / "rule.h"]
+    assert kernel.headers() == [tmp_path / "rule.h", tmp_path / "base.h"]  # each once
     before = kernel.key()
-    (tmp_path / "rule.h").write_text("// the rule, changed\n")
+    (tmp_path / "base.h").write_text("// under the rule, changed\n")
     assert kernel.key() != before
 
 
