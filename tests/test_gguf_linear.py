@@ -50,6 +50,27 @@ def test_gguf_linear_is_the_blocks_product():
         GgufLinear(blocks[:, :-1], "q4_k", K, N)
 
 
+def test_rows_of_a_packed_layer():
+    """A subset head of a layer held packed: its rows' blocks are the file's (only the 16-row groups holding them
+    unpacked), its products the full layer's columns bit for bit; whole groups in order are taken packed as they are."""
+    N, K = 96, 512
+    blocks = gb.random_blocks("q6_k", N, K, seed=5)
+    bias = torch.randn(N)
+    layer = GgufLinear(blocks, "q6_k", K, N, bias).pack()
+    if layer.packed is None:
+        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    x = torch.randn(1, 3, K, dtype=torch.bfloat16)
+    y = layer(x)
+    for ids in (torch.tensor([70, 3, 0, 95, 17]), torch.arange(48), torch.arange(16, 48)):
+        sub = layer.rows(ids)
+        assert torch.equal(sub.file_blocks(), blocks[ids]) and torch.equal(sub.bias, bias[ids])
+        assert torch.equal(sub(x), y[..., ids])
+    whole = layer.rows(torch.arange(16, 48))
+    assert whole.blocks is None and torch.equal(whole.packed, layer.packed[1:3])  # not unpacked
+    with pytest.raises(ValueError, match="packed form"):
+        GgufLinear(None, "q6_k", K, 40, packed=layer.packed[:2])
+
+
 @pytest.fixture(scope="module")
 def smollm2_blocks(session_model_cache):
     from specdec_cli.models.gguf_linear import load_gguf_causal_lm

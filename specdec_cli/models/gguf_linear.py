@@ -62,18 +62,25 @@ class GgufLinear(nn.Module):
     joint: GgufLinear | None = None  # the layer whose output rows joint_start.. are this one's (join)
     joint_start = 0
 
-    def __init__(self, blocks: torch.Tensor, qtype: str, in_features: int, out_features: int,
-                 bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, blocks: torch.Tensor | None, qtype: str, in_features: int, out_features: int,
+                 bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
+                 packed: torch.Tensor | None = None):
+        """blocks [out, row_bytes] uint8, or None with `packed`: qmatmul.pack's form of them, held instead."""
         super().__init__()
         self.qtype = gguf_blocks.type_name(qtype)
         self.in_features, self.out_features = in_features, out_features
         want = (out_features, gguf_blocks.row_bytes(self.qtype, in_features))
-        if tuple(blocks.shape) != want or blocks.dtype != torch.uint8:
+        if packed is not None:
+            if blocks is not None or tuple(packed.shape[:2]) != (out_features // 16, in_features // 256) \
+                    or out_features % 16:
+                raise ValueError(f"the packed form of a [{out_features}, {in_features}] weight is "
+                                 f"[{out_features // 16}, {in_features // 256}, bytes], without blocks")
+        elif blocks is None or tuple(blocks.shape) != want or blocks.dtype != torch.uint8:
             raise ValueError(f"{self.qtype} blocks of a [{out_features}, {in_features}] weight must be uint8 {want}, "
-                             f"not {blocks.dtype} {tuple(blocks.shape)}")
-        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+                             f"not {None if blocks is None else (blocks.dtype, tuple(blocks.shape))}")
+        self.register_buffer("blocks", None if blocks is None else blocks.contiguous(), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
-        self.register_buffer("packed", None, persistent=False)  # qmatmul.pack's form where pack() made it (blocks: None)
+        self.register_buffer("packed", packed, persistent=False)  # qmatmul.pack's form where held (blocks: None)
         self.weight = torch.empty(out_features, in_features, dtype=dtype, device="meta")
 
     def pack(self) -> GgufLinear:
@@ -130,10 +137,19 @@ class GgufLinear(nn.Module):
         return gguf_blocks.dequantize(self.qtype, self.file_blocks(), self.out_features, self.in_features).to(dtype)
 
     def rows(self, ids: torch.Tensor) -> GgufLinear:
-        """The layer restricted to output rows `ids` (a subset head): each row's blocks are its own."""
+        """The layer restricted to output rows `ids` (a subset head): each row's blocks are its own. From the packed
+        form only the 16-row groups holding ids are unpacked; whole groups in order (the n lowest ids, n a multiple of
+        16) are taken packed as they are."""
         bias = None if self.bias is None else self.bias[ids]
-        layer = GgufLinear(self.file_blocks()[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
-        return layer.pack() if self.packed is not None else layer
+        if self.packed is None:
+            return GgufLinear(self.blocks[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
+        groups = torch.unique(ids.div(16, rounding_mode="floor"))  # sorted
+        at = torch.searchsorted(groups, ids.div(16, rounding_mode="floor")) * 16 + ids % 16  # ids' rows in groups'
+        part = self.packed[groups]  # [len(groups), K / 256, bytes]: a copy
+        if torch.equal(at, torch.arange(16 * len(groups))):
+            return GgufLinear(None, self.qtype, self.in_features, len(ids), bias, self.weight.dtype, packed=part)
+        blocks = qmatmul.unpack(part, self.qtype, 16 * len(groups), self.in_features)[at]
+        return GgufLinear(blocks, self.qtype, self.in_features, len(ids), bias, self.weight.dtype).pack()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qtype}, bias={self.bias is not None}"
