@@ -345,28 +345,21 @@ void group(const Args& a, int64_t b, int64_t h0, int64_t nh, int64_t r0, int64_t
   int64_t j0 = 0;
 #if SIMD16
   const int64_t ahead = ahead_keys(KB * D * (int64_t)sizeof(TK)) * KB;
-  if (D % 16 == 0)
-    for (; j0 + KB <= jend; j0 += KB) {
+  if (D % 16 == 0) {
+    // blocks of KB keys; the last one's missing keys are zeros (their dots land in the row's padding or past jend,
+    // which nothing reads: s's rows hold SS ≥ j0 + KB floats)
+    for (; j0 < jend; j0 += KB) {
       for (int64_t i = 0; i < KB * D * (int64_t)sizeof(TK); i += 64)  // keys AHEAD_BYTES on, from memory
         __builtin_prefetch((const char*)(k + (j0 + ahead) * a.ks[2]) + i);
-      if (M == 1) {
+      const int64_t n = std::min<int64_t>(KB, jend - j0);
+      if (M == 1 && n == KB) {
         dots_block<TK>(qf, D, k + j0 * a.ks[2], a.ks[2], s + j0);
         continue;
       }
       float* kb = w.kb.data();  // the block's keys in fp32, [D / 16, KB, 16]
       for (int64_t d = 0; d < D; d += 16)
-        for (int i = 0; i < KB; i++) vstore(kb + d * KB + 16 * i, vload(k + (j0 + i) * a.ks[2] + d));
+        for (int i = 0; i < KB; i++) vstore(kb + d * KB + 16 * i, i < n ? vload(k + (j0 + i) * a.ks[2] + d) : vset(0.f));
       for (int64_t m = 0; m < M; m++) dots_block(qf + m * D, D, kb, s + m * SS + j0);
-    }
-  if (D % 16 == 0 && j0 < jend) {  // the last n < KB keys: a block with zeros after them (their dots are dropped)
-    const int64_t n = jend - j0;
-    float* kb = w.kb.data();
-    for (int64_t d = 0; d < D; d += 16)
-      for (int i = 0; i < KB; i++) vstore(kb + d * KB + 16 * i, i < n ? vload(k + (j0 + i) * a.ks[2] + d) : vset(0.f));
-    alignas(64) float part[KB];
-    for (int64_t m = 0; m < M; m++) {
-      dots_block(qf + m * D, D, kb, part);
-      std::memcpy(s + m * SS + j0, part, n * sizeof(float));
     }
     j0 = jend;
   }
