@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import tempfile
@@ -45,7 +44,7 @@ def build_at(revision: str):
     path.write_text(show("rows_attention.cpp"))
     todo = [path]
     while todo:
-        for name in re.findall(r'^\s*#include\s+"([^"]+)"', todo.pop().read_text(), re.M):
+        for name in cpp.includes(todo.pop().read_text()):
             if not (folder / name).exists():
                 (folder / name).write_text(show(name))
                 todo.append(folder / name)

@@ -33,15 +33,12 @@ BF16_AVX2_FN inline __m256i bf16_rne32_8(__m256 v) {
   return _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
 }
 
-BF16_AVX512_FN inline __m128i bf16_c10_8(__m256 v) {  // any values, 8 of them
-  const __mmask8 nan = _mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm256_cvtepi32_epi16(_mm256_mask_mov_epi32(bf16_rne32_8(v), nan, _mm256_set1_epi32(0x7FC0)));
-}
-
 BF16_AVX2_FN inline __m256i bf16_c10_32_8(__m256 v) {  // 8 of any values, each in its 32-bit lane's low half, AVX2
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   return _mm256_blendv_epi8(bf16_rne32_8(v), _mm256_set1_epi32(0x7FC0), nan);
 }
+
+BF16_AVX512_FN inline __m128i bf16_c10_8(__m256 v) { return _mm256_cvtepi32_epi16(bf16_c10_32_8(v)); }  // any values, 8
 
 BF16_AVX2_FN inline __m128i bf16_rne8(__m256 v) {  // 8 finite values, AVX2
   const __m256i r = bf16_rne32_8(v);

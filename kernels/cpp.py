@@ -46,6 +46,11 @@ def cpu_flags() -> str:
         return ""
 
 
+def includes(text: str) -> list[str]:
+    """The names a C++ text includes from beside it (`#include "name.h"`), in order."""
+    return re.findall(r'^\s*#include\s+"([^"]+)"', text, re.M)
+
+
 class Extension:
     """One C++ source built into a module at first use(), or None where it cannot be (said once: `fallback` names
     what runs instead)."""
@@ -64,7 +69,7 @@ class Extension:
         found: list[Path] = []
         todo = [self.source]
         while todo:
-            for name in re.findall(r'^\s*#include\s+"([^"]+)"', todo.pop().read_text(), re.M):
+            for name in includes(todo.pop().read_text()):
                 header = self.source.with_name(name)
                 if header not in found:
                     found.append(header)

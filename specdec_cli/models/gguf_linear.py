@@ -143,8 +143,9 @@ class GgufLinear(nn.Module):
         bias = None if self.bias is None else self.bias[ids]
         if self.packed is None:
             return GgufLinear(self.blocks[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
-        groups = torch.unique(ids.div(16, rounding_mode="floor"))  # sorted
-        at = torch.searchsorted(groups, ids.div(16, rounding_mode="floor")) * 16 + ids % 16  # ids' rows in groups'
+        group = ids.div(16, rounding_mode="floor")
+        groups = torch.unique(group)  # sorted
+        at = torch.searchsorted(groups, group) * 16 + ids % 16  # ids' rows in groups'
         part = self.packed[groups]  # [len(groups), K / 256, bytes]: a copy
         if torch.equal(at, torch.arange(16 * len(groups))):
             return GgufLinear(None, self.qtype, self.in_features, len(ids), bias, self.weight.dtype, packed=part)
