@@ -56,7 +56,7 @@ def check_gamma(value: int, flag: str = "--gamma") -> None:
         raise SpecdecError(f"{flag} must be between 1 and {MAX_GAMMA} (got {value})")
 
 
-AUTO_THREADS = "auto"  # --threads: all cores, fewer while other processes keep some busy (decoding/threads.py)
+AUTO_THREADS = "auto"  # --threads: all cores (within a CPU quota), fewer while others keep some busy (decoding/threads.py)
 
 
 def thread_count(setting) -> int | None:
@@ -169,8 +169,9 @@ class DecodeOptions:
     draft_stop: float = option(0.0, "End a round's drafting early once the draft gives its token less than this "
                                "probability (0 = always draft γ); the output stays the target's.")
     draft_quantized: bool = option(False, f"Give the draft low-bit weights (CPU only): {_DRAFT_CHEAPER}.")
-    threads: str = option(AUTO_THREADS, "CPU threads: auto (torch's count, one per core, fewer while other "
-                          "processes keep cores busy, looked at twice a second) or a number.")
+    threads: str = option(AUTO_THREADS, "CPU threads: auto (torch's count, one per core, at most a container's "
+                          "CPU quota, fewer while other processes keep cores busy, looked at twice a second) or a "
+                          "number.")
 
     @property
     def speculative(self) -> bool:

@@ -11,7 +11,12 @@ thread count the run started with) that the free CPUs are, rounded to nearest, a
 time is left out of `others`, so the choice does not feed on itself. Where /proc/stat cannot be read (not
 Linux), the count stays the ceiling. Every specdec kernel computes each output on one thread, so the count changes
 none of their bits (kernels/*.cpp), only the speed; torch's own fp32 GEMMs may split a sum over threads (1 and 2
-threads differed at [5, 896] · [896, 4864]): where a model runs on them, --threads N keeps runs comparable."""
+threads differed at [5, 896] · [896, 4864]): where a model runs on them, --threads N keeps runs comparable.
+
+A CPU quota caps auto (`quota_cpus`: a container's --cpus, cgroup v2's cpu.max or v1's cpu.cfs_quota_us, the
+tightest on the process's cgroup path): torch counts the CPUs it may run on, not the CPU time it may use, and
+threads beyond the quota all stop together once a period's time is spent (100 ms by default, several steps).
+The count is then at most the quota's CPUs, rounded to nearest, at least 1; the free CPUs still lower it."""
 
 from __future__ import annotations
 
@@ -24,6 +29,55 @@ import torch
 from specdec_cli import options
 
 PERIOD_S = 0.5  # how often the CPUs are looked at (a tick in between costs one clock read)
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"  # where the cgroup file systems are mounted (v2 unified, or one folder per v1 controller)
+
+
+def quota_cpus(root: str = CGROUP_ROOT, membership: str = "/proc/self/cgroup") -> float | None:
+    """The CPUs' worth of time this process's cgroups may use (quota / period), the tightest from its own cgroup up
+    to the root; None where none is set or nothing can be read (not Linux, no cgroup file system)."""
+    try:
+        with open(membership) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return None
+    limits: list[float] = []
+    for _, controllers, path in lines:
+        if controllers == "":  # v2: <root>/<path>/cpu.max holds "max 100000" or "<quota> <period>"
+            folders, name = [root], "cpu.max"
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's folder, quota and period apart
+            folders, name = [os.path.join(root, controllers), os.path.join(root, "cpu")], "cpu.cfs_quota_us"
+        else:
+            continue
+        for folder in folders:
+            parts = [p for p in path.split("/") if p]
+            for depth in range(len(parts), -1, -1):  # from the process's cgroup up to the root
+                quota = _quota_at(os.path.join(folder, *parts[:depth]), name)
+                if quota is not None:
+                    limits.append(quota)
+    return min(limits) if limits else None
+
+
+def _quota_at(folder: str, name: str) -> float | None:
+    try:
+        with open(os.path.join(folder, name)) as f:
+            fields = f.read().split()
+        if name == "cpu.max":
+            quota, period = fields[0], fields[1]
+        else:
+            with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+                quota, period = fields[0], f.read().split()[0]
+        if quota == "max" or int(quota) <= 0 or int(period) <= 0:  # v1 says -1 for none
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def capped(count: int, quota: float | None) -> int:
+    """A thread count under a CPU quota (quota_cpus): at most its CPUs, rounded to nearest, at least 1."""
+    return count if quota is None else max(1, min(count, math.floor(quota + 0.5)))
 
 
 def choose(others: float, cpus: int, ceiling: int) -> int:
@@ -58,12 +112,13 @@ class Threads:
     def __init__(self, setting: str | int | None = options.AUTO_THREADS, sample: CpuSample | None = None):
         fixed = options.thread_count(setting)
         self.found = torch.get_num_threads()
-        self.ceiling = fixed or self.found
-        self.adapts = fixed is None and self.ceiling > 1
+        self.cap = capped(self.found, quota_cpus()) if fixed is None else fixed  # auto: never past a CPU quota
+        self.ceiling = fixed or self.found  # choose's share is of this, then capped
+        self.adapts = fixed is None and self.cap > 1
         self.sample = sample or CpuSample()
         self.cpus = len(self.sample.cpus) or os.cpu_count() or 1
         self.last = self.sample() if self.adapts else None
-        torch.set_num_threads(self.ceiling)
+        torch.set_num_threads(self.cap)
 
     def __enter__(self) -> Threads:
         return self
@@ -83,7 +138,7 @@ class Threads:
         if now is None:
             self.adapts = False
             return
-        self._set(choose(self.others(now, self.last), self.cpus, self.ceiling))
+        self._set(min(self.cap, choose(self.others(now, self.last), self.cpus, self.ceiling)))
         self.last = now
 
     def _set(self, n: int) -> None:
