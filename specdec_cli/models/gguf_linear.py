@@ -24,12 +24,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from specdec_cli import internals, options
 from specdec_cli.kernels import gguf_blocks, qmatmul
+from specdec_cli.models import gguf_tensors
 from specdec_cli.models.progress import build_kernels
 
 # A call over more tokens than a verification pass scores (γ + 1 ≤ this) is a prompt's prefill: every mode prefills
@@ -212,12 +212,9 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> dict[str, int]:
     cache) whose GGUF tensor is of a type the kernel takes by a GgufLinear on that tensor's blocks; an output layer
     tied to the embeddings takes token_embd's blocks. The embeddings, norms and biases stay as they are.
     Returns {GGUF type: layers} (F32/F16 tensors and others are left dequantized)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(gguf_path))
     config = model.config
     to_hf = internals.gguf_to_hf_names(model)
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = gguf_tensors.read_tensors(gguf_path)
     head = model.get_output_embeddings()
     if "output.weight" not in tensors and head is not None and "token_embd.weight" in tensors:
         hf_head = next(name for name, module in model.named_modules() if module is head)
@@ -227,18 +224,19 @@ def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> dict[str, int]:
     dtype = next(model.parameters()).dtype
     for gname, t in tensors.items():
         hf = to_hf.get(gname)
-        if hf is None or not hf.endswith(".weight") or t.tensor_type.name.lower() not in gguf_blocks.TYPES:
+        qtype = gguf_blocks.BY_ID.get(t.type_id)
+        if hf is None or not hf.endswith(".weight") or qtype is None:
             continue
         parent_name, _, child_name = hf[: -len(".weight")].rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = getattr(parent, child_name, None)
         if type(linear) is not nn.Linear:
             continue
-        blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True))  # [out, row_bytes], in RAM
+        blocks = torch.from_numpy(gguf_tensors.read_blocks(gguf_path, t))  # [out, row_bytes], in RAM
         if config.model_type == "llama" and (".attn_q." in gname or ".attn_k." in gname):
             heads = config.num_attention_heads if ".attn_q." in gname else config.num_key_value_heads
             blocks = _reverse_permute(blocks, heads)
-        layer = GgufLinear(blocks, t.tensor_type.name, linear.in_features, linear.out_features, linear.bias, dtype)
+        layer = GgufLinear(blocks, qtype, linear.in_features, linear.out_features, linear.bias, dtype)
         setattr(parent, child_name, layer)
         counts[layer.qtype] = counts.get(layer.qtype, 0) + 1
     if getattr(config, "tie_word_embeddings", False):

