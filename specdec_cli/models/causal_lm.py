@@ -10,7 +10,8 @@ directories and hub ids (the route: loading.load_model).
     ORG/NAME                  a Hugging Face hub id, from the local HF cache or the network
 
 GGUF models (embedded or a file) are dequantized once and cached as safetensors + config + tokenizer under
-the user cache (cache.py); later loads read the cache. The joined GGUF of a multi-part embedded model is
+the user cache (cache.py); later loads read the cache. Where a GGUF runs on its own blocks (--target-quant gguf on
+a CPU, the default) only its config and tokenizer are cached (gguf_skeleton): the weights come from the file. The joined GGUF of a multi-part embedded model is
 written into the cache entry's temporary directory and deleted once the entry is complete: it can be
 joined again from the installed packages in seconds, and keeping it would cost 1.6 GB of disk.
 """
@@ -411,6 +412,63 @@ def gguf_file(spec: str, role: str = "target", progress: bool = True) -> Path | 
         ggufs = sorted(path.glob("*.gguf"))
         return ggufs[0] if len(ggufs) == 1 and not (path / "config.json").is_file() else None
     return path if path.is_file() and _is_gguf(path) else None
+
+
+def gguf_skeleton(spec: str, role: str, dtype: torch.dtype, progress: bool = True) -> tuple[LoadedModel, Path] | None:
+    """For a spec that names a GGUF (embedded, a .gguf file, a folder holding one): the model built on the meta
+    device (no weight read yet: models/gguf_linear.load_gguf_causal_lm fills it from the file), its tokenizer and
+    config read from a small cache entry made from the file once (<key>-meta), and the file; None for another spec.
+    The full route (load_causal_lm) instead dequantizes every weight into a cached safetensors copy (3.4 GB and
+    54 s the first time for the embedded target, whose blocks need 1.1 GB)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    path = gguf_file(spec, role, progress)
+    if path is None:
+        return None
+    low = spec.strip().lower()
+    if low == "embedded" or low.startswith("embedded:"):
+        name = low.partition(":")[2].strip() or EMBEDDED_DEFAULT[role]
+        emb = EMBEDDED[name]
+        title, source, spec = emb.title, "embedded", f"embedded:{name}"
+        key, meta = f"{emb.key}-{emb.sha256[:12]}-meta", {"source": "embedded", "model": emb.title, "sha256": emb.sha256}
+    else:
+        title, source = path.name, "gguf"
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:64]
+        key, meta = f"gguf-{stem}-{cache.file_fingerprint(path)}-meta", {"source": "gguf", "file": str(path.resolve())}
+    meta["dtype"] = "meta"
+    entry = cache.entry_path(key)
+    if cache.damage(key):
+        cache.remove_entry(key)
+    cached = cache.read_entry(key) is not None
+    try:
+        if not cached:
+            _build_meta_entry(key, meta, title, path, progress)
+        with status(progress, f"Loading {title}"), quiet_transformers():
+            config = AutoConfig.from_pretrained(entry, local_files_only=True)
+            tokenizer = _read_tokenizer(entry, True)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model.config.architectures = [type(model).__name__]  # as from_pretrained records it
+            model.generation_config = GenerationConfig.from_pretrained(entry, local_files_only=True)
+    except SpecdecError:
+        raise
+    except Exception as e:
+        raise SpecdecError(f"cannot load GGUF file '{path}': {first_line(e)}") from e
+    return LoadedModel(model, tokenizer, title, source, spec, entry, cached), path
+
+
+def _build_meta_entry(key: str, meta: dict, title: str, path: Path, progress: bool) -> None:
+    """The config, generation config and tokenizer transformers reads from the GGUF at `path`, saved under `key`."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    with cache.atomic_entry(key, meta) as tmp, _gguf_progress(progress, title) as say:
+        say("reading the tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        internals.drop_quantization_config(config)
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
 
 
 def load_causal_lm(spec: str, *, role: str = "target", dtype: torch.dtype | str = torch.float32,

@@ -44,8 +44,14 @@ class GgufTensor:
         return math.prod(self.dims[1:])
 
 
-def read_tensors(path: str | Path) -> dict[str, GgufTensor]:
-    """{name: GgufTensor} of the GGUF file at `path`, in the file's order; SpecdecError (one line) when it is not one."""
+@dataclass(frozen=True)
+class GgufHeader:
+    architecture: str | None  # general.architecture ("llama", "qwen2", "gemma3", ...)
+    tensors: dict[str, GgufTensor]  # by name, in the file's order
+
+
+def read_header(path: str | Path) -> GgufHeader:
+    """The header of the GGUF file at `path`; SpecdecError (one line) when it is not one."""
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             return _walk(m)
@@ -53,7 +59,12 @@ def read_tensors(path: str | Path) -> dict[str, GgufTensor]:
         raise SpecdecError(f"'{path}' is not a GGUF file specdec can read: {e}") from None
 
 
-def _walk(m) -> dict[str, GgufTensor]:
+def read_tensors(path: str | Path) -> dict[str, GgufTensor]:
+    """{name: GgufTensor} of the GGUF file at `path`, in the file's order."""
+    return read_header(path).tensors
+
+
+def _walk(m) -> GgufHeader:
     if m[:4] != MAGIC:
         raise ValueError("no GGUF magic")
     (version,) = struct.unpack_from("<I", m, 4)
@@ -82,12 +93,14 @@ def _walk(m) -> dict[str, GgufTensor]:
             return at
         raise ValueError(f"unknown metadata value type {kind}")
 
-    alignment = DEFAULT_ALIGNMENT
+    alignment, architecture = DEFAULT_ALIGNMENT, None
     for _ in range(n_kv):
         key, at = string(at)
         (kind,) = struct.unpack_from("<I", m, at)
         if key == "general.alignment" and kind == UINT32:
             (alignment,) = struct.unpack_from("<I", m, at + 4)
+        elif key == "general.architecture" and kind == STRING:
+            architecture = string(at + 4)[0]
         at = skip(kind, at + 4)
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"general.alignment {alignment} is not a power of two")
@@ -100,13 +113,24 @@ def _walk(m) -> dict[str, GgufTensor]:
         at += 4 + 8 * n_dims + 12
         infos.append((name, kind, tuple(dims), offset))
     data = -(-at // alignment) * alignment
-    return {name: GgufTensor(name, kind, dims, data + offset) for name, kind, dims, offset in infos}
+    return GgufHeader(architecture, {name: GgufTensor(name, kind, dims, data + offset) for name, kind, dims, offset in infos})
 
 
-def read_blocks(path: str | Path, t: GgufTensor) -> np.ndarray:
-    """The blocks of tensor `t` (a type kernels/gguf_blocks takes) read into memory: [rows, row_bytes] uint8."""
-    row = gguf_blocks.row_bytes(gguf_blocks.BY_ID[t.type_id], t.dims[0])
+def read_raw(path: str | Path, t: GgufTensor) -> np.ndarray:
+    """The bytes of tensor `t` read into memory, shaped as gguf's reader shapes them: the dimensions last to first,
+    the row (the first dimension) as its bytes. uint8, for gguf.dequantize or, blocks of a type
+    kernels/gguf_blocks takes, the kernels."""
+    import gguf
+
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.type_id)]
+    row = t.dims[0] // block * nbytes
     out = np.fromfile(path, dtype=np.uint8, count=t.rows * row, offset=t.start)
     if out.size != t.rows * row:
         raise SpecdecError(f"'{path}' ends inside tensor {t.name}: the file is cut short")
-    return out.reshape(t.rows, row)
+    return out.reshape(*reversed(t.dims[1:]), row)
+
+
+def read_blocks(path: str | Path, t: GgufTensor) -> np.ndarray:
+    """The blocks of tensor `t` (a type kernels/gguf_blocks takes): [rows, row_bytes] uint8."""
+    gguf_blocks.row_bytes(gguf_blocks.BY_ID[t.type_id], t.dims[0])  # KeyError / ValueError for what it cannot take
+    return read_raw(path, t).reshape(t.rows, -1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from specdec_cli.errors import SpecdecError
@@ -27,6 +28,22 @@ from specdec_cli.models.progress import build_kernels
 
 QTYPES = {"int8": "q8_0", "int4": "q4_1"}  # --target-quant -> the blocks a model without a GGUF is quantized to
 GROUP = 32  # weights per scale (a row's length must be a multiple of it)
+
+
+def load_held(spec: str, form: str, *, role: str = "target", dtype: torch.dtype | str = "auto", device: str = "cpu",
+              progress: bool = True) -> LoadedModel:
+    """The causal LM `spec` names, its linear layers held in `form` (hold): a GGUF that runs on its blocks (gguf on
+    a CPU) read from the file alone (gguf_linear.load_gguf_causal_lm: no dequantized copy of the whole model, the
+    same values), any other loaded (loading.load_model), then held."""
+    from specdec_cli.models.causal_lm import CAUSAL_LM, gguf_file
+    from specdec_cli.models.gguf_linear import load_gguf_causal_lm
+    from specdec_cli.models.loading import load_model
+
+    if form == "gguf" and torch.device(device).type == "cpu" and gguf_file(spec, role, progress) is not None:
+        return load_gguf_causal_lm(spec, role=role, dtype=dtype, progress=progress)
+    loaded = load_model(spec, CAUSAL_LM, role=role, dtype=dtype, device=device, progress=progress)
+    hold(loaded, form, role, progress)
+    return loaded
 
 
 def hold(loaded: LoadedModel, form: str, role: str = "target", progress: bool = True) -> str:
