@@ -195,8 +195,8 @@ _GGUF_NAMES = threading.Lock()  # gguf_to_hf_names swaps a module attribute of g
 def gguf_state_dict(model, architecture: str | None, arrays, dtype) -> dict:
     """{the model's state-dict name: tensor in `dtype`} for (GGUF name, fp32 array) pairs: each array through the
     tensor processor of the file's `architecture` (general.architecture) and named as transformers' GGUF loader
-    names it, its loop over the tensors
-    done here on those given (the caller leaves out what runs on blocks). Relies on: `TENSOR_PROCESSORS` /
+    names it: that loader's loop over the tensors, on those given (the caller leaves out what runs on blocks).
+    Relies on: `TENSOR_PROCESSORS` /
     `TensorProcessor(config=dict).process(weights=, name=, tensor_key_mapping=, parsed_parameters=)` returning
     `.weights` and `.name`, and processors that merge tensors (MoE experts) writing them into
     `parsed_parameters["tensors"]` themselves: `load_gguf_checkpoint`'s loop in 5.x."""

@@ -10,10 +10,11 @@ directories and hub ids (the route: loading.load_model).
     ORG/NAME                  a Hugging Face hub id, from the local HF cache or the network
 
 GGUF models (embedded or a file) are dequantized once and cached as safetensors + config + tokenizer under
-the user cache (cache.py); later loads read the cache. Where a GGUF runs on its own blocks (--target-quant gguf on
-a CPU, the default) only its config and tokenizer are cached (gguf_skeleton): the weights come from the file. The joined GGUF of a multi-part embedded model is
+the user cache (cache.py); later loads read the cache. The joined GGUF of a multi-part embedded model is
 written into the cache entry's temporary directory and deleted once the entry is complete: it can be
-joined again from the installed packages in seconds, and keeping it would cost 1.6 GB of disk.
+joined again from the installed packages in seconds, and keeping it would cost 1.6 GB of disk. Where a GGUF runs
+on its own blocks (--target-quant gguf on a CPU, the default) only its config and tokenizer are cached
+(gguf_skeleton): the weights come from the file (kept joined, gguf_file).
 """
 
 from __future__ import annotations
@@ -331,6 +332,17 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
+def _embedded_key(emb: EmbeddedModel) -> str:
+    """The start of the cache keys of an embedded model's entries (<key>-<dtype>, <key>-meta)."""
+    return f"{emb.key}-{emb.sha256[:12]}"
+
+
+def _file_key(path: Path) -> str:
+    """The start of the cache keys of a GGUF file's entries: its name and its identity (cache.file_fingerprint)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:64]
+    return f"gguf-{stem}-{cache.file_fingerprint(path)}"
+
+
 class CausalLMFamily(Family):
     kind = "a causal LM"
     file_kind = "a .gguf file"
@@ -340,7 +352,7 @@ class CausalLMFamily(Family):
         emb = EMBEDDED.get(name)
         if emb is None:
             raise SpecdecError(f"unknown embedded model '{name}': choose one of {', '.join(EMBEDDED)}")
-        key = f"{emb.key}-{emb.sha256[:12]}-{dtype_name(dtype)}"
+        key = f"{_embedded_key(emb)}-{dtype_name(dtype)}"
         meta = {"source": "embedded", "model": emb.title, "sha256": emb.sha256, "dtype": dtype_name(dtype)}
 
         def get_gguf(workdir: Path) -> Path:
@@ -354,8 +366,7 @@ class CausalLMFamily(Family):
 
     def file(self, spec: str, path: Path, dtype: torch.dtype, progress: bool) -> LoadedModel:
         _check_gguf_file(path)
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:64]
-        key = f"gguf-{stem}-{cache.file_fingerprint(path)}-{dtype_name(dtype)}"
+        key = f"{_file_key(path)}-{dtype_name(dtype)}"
         meta = {"source": "gguf", "file": str(path.resolve()), "dtype": dtype_name(dtype)}
         try:
             model, tokenizer, entry, cached = _cached_from_gguf(key, meta, path.name, dtype, progress, lambda _: path)
@@ -398,7 +409,7 @@ def gguf_file(spec: str, role: str = "target", progress: bool = True) -> Path | 
         parts = _locate_parts(emb, role)
         if len(parts) == 1:
             return parts[0]
-        key = f"{emb.key}-{emb.sha256[:12]}-gguf"
+        key = f"{_embedded_key(emb)}-gguf"
         entry = cache.entry_path(key)
         if cache.damage(key):
             cache.remove_entry(key)
@@ -430,11 +441,10 @@ def gguf_skeleton(spec: str, role: str, dtype: torch.dtype, progress: bool = Tru
         name = low.partition(":")[2].strip() or EMBEDDED_DEFAULT[role]
         emb = EMBEDDED[name]
         title, source, spec = emb.title, "embedded", f"embedded:{name}"
-        key, meta = f"{emb.key}-{emb.sha256[:12]}-meta", {"source": "embedded", "model": emb.title, "sha256": emb.sha256}
+        key, meta = f"{_embedded_key(emb)}-meta", {"source": "embedded", "model": emb.title, "sha256": emb.sha256}
     else:
         title, source = path.name, "gguf"
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem)[:64]
-        key, meta = f"gguf-{stem}-{cache.file_fingerprint(path)}-meta", {"source": "gguf", "file": str(path.resolve())}
+        key, meta = f"{_file_key(path)}-meta", {"source": "gguf", "file": str(path.resolve())}
     meta["dtype"] = "meta"
     entry = cache.entry_path(key)
     if cache.damage(key):
