@@ -192,14 +192,16 @@ def gguf_to_hf_names(model) -> dict[str, str]:
 _GGUF_NAMES = threading.Lock()  # gguf_to_hf_names swaps a module attribute of gguf's while it runs
 
 
-def gguf_state_dict(model, architecture: str | None, arrays, dtype) -> dict:
-    """{the model's state-dict name: tensor in `dtype`} for (GGUF name, fp32 array) pairs: each array through the
-    tensor processor of the file's `architecture` (general.architecture) and named as transformers' GGUF loader
-    names it: that loader's loop over the tensors, on those given (the caller leaves out what runs on blocks).
-    Relies on: `TENSOR_PROCESSORS` /
+def gguf_state_dict(model, architecture: str | None, tensors, dtype) -> dict:
+    """{the model's state-dict name: tensor in `dtype`} for (GGUF name, load) pairs, load(None) giving the tensor's
+    fp32 values as numpy and load(dtype) a torch tensor in `dtype`: each tensor through the tensor processor of the
+    file's `architecture` (general.architecture) and named as transformers' GGUF loader names it: that loader's
+    loop over the tensors, on those given (the caller leaves out what runs on blocks). Where the architecture has
+    no processor of its own (qwen2, ...), the base one changes nothing: each tensor is loaded straight into `dtype`
+    (no fp32 copy: the embedded target's embeddings 0.93 GB). Relies on: `TENSOR_PROCESSORS` /
     `TensorProcessor(config=dict).process(weights=, name=, tensor_key_mapping=, parsed_parameters=)` returning
-    `.weights` and `.name`, and processors that merge tensors (MoE experts) writing them into
-    `parsed_parameters["tensors"]` themselves: `load_gguf_checkpoint`'s loop in 5.x."""
+    `.weights` and `.name` (the base class: both as given), and processors that merge tensors (MoE experts)
+    writing them into `parsed_parameters["tensors"]` themselves: `load_gguf_checkpoint`'s loop in 5.x."""
     import numpy as np
     import torch
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
@@ -208,8 +210,12 @@ def gguf_state_dict(model, architecture: str | None, arrays, dtype) -> dict:
     config = model.config.to_dict()
     processor = TENSOR_PROCESSORS.get(architecture or "", TensorProcessor)(config=config)
     parsed: dict = {"config": config, "tensors": {}}
-    for name, weights in arrays:
-        result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters=parsed)
+    for name, load in tensors:
+        if type(processor) is TensorProcessor:
+            if name in mapping:
+                parsed["tensors"][mapping[name]] = load(dtype)
+            continue
+        result = processor.process(weights=load(None), name=name, tensor_key_mapping=mapping, parsed_parameters=parsed)
         if result.name in mapping:  # a fresh array: no copy unless the processor gave a view
             parsed["tensors"][mapping[result.name]] = torch.from_numpy(np.ascontiguousarray(result.weights)).to(dtype)
     return parsed["tensors"]

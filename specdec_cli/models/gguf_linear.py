@@ -22,6 +22,7 @@ bf16-dequantized one: its logits differ from that one's slightly.
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -292,8 +293,8 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
     plan = _on_blocks(model, tensors)
     skip = {gname for gname, _ in plan.values()}
     with status(progress, f"Reading {loaded.name}"):
-        arrays = ((name, _values(path, t)) for name, t in tensors.items() if name not in skip)
-        state = internals.gguf_state_dict(model, header.architecture, arrays, loaded.dtype)
+        loads = ((name, functools.partial(_values, path, t)) for name, t in tensors.items() if name not in skip)
+        state = internals.gguf_state_dict(model, header.architecture, loads, loaded.dtype)
         model.load_state_dict(state, strict=False, assign=True)
         if getattr(model.config, "tie_word_embeddings", False):
             model.tie_weights()
@@ -310,16 +311,21 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
     return loaded
 
 
-def _values(path: Path, t: gguf_tensors.GgufTensor):
-    """Tensor `t`'s values in fp32 as the file means them, shaped as gguf.dequantize shapes them: a 2-D tensor of a
-    type kernels/qmatmul takes by its dequantizer (exact in fp32, where gguf's Q6_K rounds d·sc first; 9× gguf's
-    numpy on the embedded target's embeddings), any other by gguf's."""
+def _values(path: Path, t: gguf_tensors.GgufTensor, dtype: torch.dtype | None = None):
+    """Tensor `t`'s values as the file means them: fp32 numpy shaped as gguf.dequantize shapes them (dtype None),
+    else a torch tensor in `dtype`. A 2-D tensor of a type kernels/qmatmul takes goes through its dequantizer (exact
+    in fp32, where gguf's Q6_K rounds d·sc first; 9× gguf's numpy on the embedded target's embeddings; fp32 or bf16
+    written directly, bf16 rounded once as .to() rounds), any other through gguf's."""
     import gguf
 
     if t.type_id in gguf_blocks.BY_ID and len(t.dims) == 2:
         blocks = torch.from_numpy(gguf_tensors.read_blocks(path, t))
-        return qmatmul.dequantize(blocks, gguf_blocks.BY_ID[t.type_id], t.rows, t.dims[0]).numpy()
-    return gguf.dequantize(gguf_tensors.read_raw(path, t), gguf.GGMLQuantizationType(t.type_id))
+        direct = dtype in (torch.float32, torch.bfloat16)
+        out = torch.empty(t.rows, t.dims[0], dtype=dtype if direct else torch.float32)
+        values = qmatmul.dequantize(blocks, gguf_blocks.BY_ID[t.type_id], t.rows, t.dims[0], out=out)
+        return values.numpy() if dtype is None else values.to(dtype)
+    values = gguf.dequantize(gguf_tensors.read_raw(path, t), gguf.GGMLQuantizationType(t.type_id))
+    return values if dtype is None else torch.from_numpy(values).to(dtype)
 
 
 def step_kernels(model: nn.Module) -> tuple:
