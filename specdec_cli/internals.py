@@ -192,6 +192,32 @@ def gguf_to_hf_names(model) -> dict[str, str]:
 _GGUF_NAMES = threading.Lock()  # gguf_to_hf_names swaps a module attribute of gguf's while it runs
 
 
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """While open, transformers' GGUF loader parses each file once: a config and a tokenizer read from the same
+    GGUF each build a `GGUFReader` (6 s apiece for the embedded target's 151 936-token vocabulary). Relies on:
+    `load_gguf_checkpoint` importing `GGUFReader` from gguf at each call and only reading from it."""
+    import gguf
+
+    with _GGUF_READERS:
+        built, readers = gguf.GGUFReader, {}
+
+        def reader(path, *args, **kwargs):
+            key = (str(path), args, tuple(sorted(kwargs.items())))
+            if key not in readers:
+                readers[key] = built(path, *args, **kwargs)
+            return readers[key]
+
+        gguf.GGUFReader = reader  # type: ignore[misc, assignment]
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = built  # type: ignore[misc]
+
+
+_GGUF_READERS = threading.Lock()  # gguf_parsed_once swaps a module attribute of gguf's while it is open
+
+
 def gguf_state_dict(model, architecture: str | None, tensors, dtype) -> dict:
     """{the model's state-dict name: tensor in `dtype`} for (GGUF name, load) pairs, load(None) giving the tensor's
     fp32 values as numpy and load(dtype) a torch tensor in `dtype`: each tensor through the tensor processor of the
