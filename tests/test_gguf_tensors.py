@@ -1,5 +1,6 @@
 """models/gguf_tensors.py: a GGUF file's tensors from its header, held to gguf's own GGUFReader on real files."""
 
+import dataclasses
 import importlib.metadata
 import struct
 from pathlib import Path
@@ -78,3 +79,5 @@ def test_a_bad_file_is_one_line(tmp_path):
     (t,) = gguf_tensors.read_tensors(path).values()
     with pytest.raises(SpecdecError, match="cut short"):
         gguf_tensors.read_blocks(path, t)
+    with pytest.raises(SpecdecError, match=r"has GGML type 999, which gguf .*does not know"):
+        gguf_tensors.read_raw(path, dataclasses.replace(t, type_id=999))  # a type newer than the gguf package

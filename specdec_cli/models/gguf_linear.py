@@ -318,13 +318,19 @@ def _values(path: Path, t: gguf_tensors.GgufTensor, dtype: torch.dtype | None = 
     written directly, bf16 rounded once as .to() rounds), any other through gguf's."""
     import gguf
 
+    from specdec_cli.errors import SpecdecError, first_line
+
     if t.type_id in gguf_blocks.BY_ID and len(t.dims) == 2:
         blocks = torch.from_numpy(gguf_tensors.read_blocks(path, t))
         direct = dtype in (torch.float32, torch.bfloat16)
         out = torch.empty(t.rows, t.dims[0], dtype=dtype if direct else torch.float32)
         values = qmatmul.dequantize(blocks, gguf_blocks.BY_ID[t.type_id], t.rows, t.dims[0], out=out)
         return values.numpy() if dtype is None else values.to(dtype)
-    values = gguf.dequantize(gguf_tensors.read_raw(path, t), gguf.GGMLQuantizationType(t.type_id))
+    raw = gguf_tensors.read_raw(path, t)
+    try:
+        values = gguf.dequantize(raw, gguf.GGMLQuantizationType(t.type_id))
+    except NotImplementedError as e:
+        raise SpecdecError(f"'{path}': tensor {t.name} cannot be dequantized: {first_line(e)}") from None
     return values if dtype is None else torch.from_numpy(values).to(dtype)
 
 

@@ -1,7 +1,7 @@
 """The tensors of a GGUF file, from its header alone: each one's name, GGML type, dimensions and where its bytes are.
 
 gguf's GGUFReader builds every metadata value before the tensors (a vocabulary's 150 000 strings one numpy slice at
-a time: 7 of the embedded target's 15 s of load here); the tensors need only that metadata walked past. The layout
+a time: 6 of the embedded target's 15 s of load here); the tensors need only that metadata walked past. The layout
 (GGUF v2 and v3, little-endian):
 
     magic "GGUF", version u32, tensor count u64, metadata count u64
@@ -122,7 +122,11 @@ def read_raw(path: str | Path, t: GgufTensor) -> np.ndarray:
     kernels/gguf_blocks takes, the kernels."""
     import gguf
 
-    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.type_id)]
+    try:
+        block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.type_id)]
+    except (ValueError, KeyError):
+        raise SpecdecError(f"'{path}': tensor {t.name} has GGML type {t.type_id}, which gguf "
+                           f"{getattr(gguf, '__version__', '')} does not know") from None
     row = t.dims[0] // block * nbytes
     out = np.fromfile(path, dtype=np.uint8, count=t.rows * row, offset=t.start)
     if out.size != t.rows * row:
