@@ -76,7 +76,11 @@ def test_a_bad_file_is_one_line(tmp_path):
             gguf_tensors.read_tensors(path)
         assert "\n" not in str(info.value)
     path.write_bytes(_header() + bytes(40))  # the header, then less than the tensor's 68 bytes
+    with pytest.raises(SpecdecError, match="the file is cut short: its tensors end at byte"):
+        gguf_tensors.read_tensors(path)
+    path.write_bytes(_header() + bytes(200))
     (t,) = gguf_tensors.read_tensors(path).values()
+    path.write_bytes(_header() + bytes(40))  # cut after its header was read
     with pytest.raises(SpecdecError, match="cut short"):
         gguf_tensors.read_blocks(path, t)
     with pytest.raises(SpecdecError, match=r"has GGML type 999, which gguf .*does not know"):

@@ -32,7 +32,7 @@ import torch
 
 from specdec_cli import internals
 from specdec_cli.errors import SpecdecError, first_line, warn
-from specdec_cli.models import cache
+from specdec_cli.models import cache, gguf_tensors
 from specdec_cli.models.device import dtype_name
 from specdec_cli.models.loading import Family, LoadedModel, load_model, read_directory
 from specdec_cli.models.progress import byte_progress, note, quiet_transformers, status
@@ -436,6 +436,7 @@ def gguf_skeleton(spec: str, role: str, dtype: torch.dtype, progress: bool = Tru
     path = gguf_file(spec, role, progress)
     if path is None:
         return None
+    gguf_tensors.read_header(path)  # a file cut short or not GGUF: one line before transformers parses it
     low = spec.strip().lower()
     if low == "embedded" or low.startswith("embedded:"):
         name = low.partition(":")[2].strip() or EMBEDDED_DEFAULT[role]

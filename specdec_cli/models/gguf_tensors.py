@@ -113,21 +113,34 @@ def _walk(m) -> GgufHeader:
         at += 4 + 8 * n_dims + 12
         infos.append((name, kind, tuple(dims), offset))
     data = -(-at // alignment) * alignment
-    return GgufHeader(architecture, {name: GgufTensor(name, kind, dims, data + offset) for name, kind, dims, offset in infos})
+    tensors = {name: GgufTensor(name, kind, dims, data + offset) for name, kind, dims, offset in infos}
+    end = max((t.start + t.rows * row for t in tensors.values() if (row := _row_bytes(t)) is not None), default=0)
+    if end > len(m):
+        raise ValueError(f"the file is cut short: its tensors end at byte {end}, the file at {len(m)}")
+    return GgufHeader(architecture, tensors)
+
+
+def _row_bytes(t: GgufTensor) -> int | None:
+    """The bytes of one row of `t` (its first dimension), or None for a type the gguf package does not know."""
+    import gguf
+
+    try:
+        block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.type_id)]
+    except (ValueError, KeyError):
+        return None
+    return t.dims[0] // block * nbytes
 
 
 def read_raw(path: str | Path, t: GgufTensor) -> np.ndarray:
     """The bytes of tensor `t` read into memory, shaped as gguf's reader shapes them: the dimensions last to first,
     the row (the first dimension) as its bytes. uint8, for gguf.dequantize or, blocks of a type
     kernels/gguf_blocks takes, the kernels."""
-    import gguf
+    row = _row_bytes(t)
+    if row is None:
+        import gguf
 
-    try:
-        block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.type_id)]
-    except (ValueError, KeyError):
         raise SpecdecError(f"'{path}': tensor {t.name} has GGML type {t.type_id}, which gguf "
-                           f"{getattr(gguf, '__version__', '')} does not know") from None
-    row = t.dims[0] // block * nbytes
+                           f"{getattr(gguf, '__version__', '')} does not know")
     out = np.fromfile(path, dtype=np.uint8, count=t.rows * row, offset=t.start)
     if out.size != t.rows * row:
         raise SpecdecError(f"'{path}' ends inside tensor {t.name}: the file is cut short")
