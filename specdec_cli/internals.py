@@ -251,7 +251,8 @@ def init_meta_buffers(model) -> None:
     """Compute, on the CPU, the buffers a model built on the meta device holds (a rotary embedding's inv_freq,
     Gemma 3's embed_scale), as from_pretrained does. Relies on: transformers 5's `_init_weights(module)` computing a
     module's non-persistent buffers from the config, and `transformers.initialization`'s functions leaving a tensor
-    flagged `_is_hf_initialized` as it is (the module's loaded weights: checked, RuntimeError if one moved)."""
+    flagged `_is_hf_initialized` as it is (the module's loaded weights: checked by torch's `_version`, which every
+    in-place write moves; RuntimeError if one was written)."""
     import torch
 
     for module in model.modules():
@@ -259,14 +260,14 @@ def init_meta_buffers(model) -> None:
         if not meta:
             continue
         kept = [t for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)) if not t.is_meta]
-        sums = [t.detach().double().sum() for t in kept]
+        versions = [t._version for t in kept]
         for t in kept:
             t._is_hf_initialized = True
         for name in meta:
             module._buffers[name] = torch.empty_like(module._buffers[name], device="cpu")
         model._init_weights(module)
-        if any(not torch.equal(t.detach().double().sum(), s) for t, s in zip(kept, sums)):
-            raise RuntimeError(f"{type(module).__name__}'s initialization changed its loaded tensors")
+        if [t._version for t in kept] != versions:
+            raise RuntimeError(f"{type(module).__name__}'s initialization wrote into its loaded tensors")
 
 
 def gguf_dequantized():

@@ -332,6 +332,14 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
+def _embedded(name: str, role: str) -> EmbeddedModel:
+    """The embedded model `embedded:NAME` names (NAME "": the role's default), or one line naming those there are."""
+    emb = EMBEDDED.get(name.strip().lower() or EMBEDDED_DEFAULT[role])
+    if emb is None:
+        raise SpecdecError(f"unknown embedded model '{name.strip().lower()}': choose one of {', '.join(EMBEDDED)}")
+    return emb
+
+
 def _embedded_key(emb: EmbeddedModel) -> str:
     """The start of the cache keys of an embedded model's entries (<key>-<dtype>, <key>-meta)."""
     return f"{emb.key}-{emb.sha256[:12]}"
@@ -348,10 +356,7 @@ class CausalLMFamily(Family):
     file_kind = "a .gguf file"
 
     def embedded(self, name: str, role: str, dtype: torch.dtype, progress: bool) -> LoadedModel:
-        name = name.lower() or EMBEDDED_DEFAULT[role]
-        emb = EMBEDDED.get(name)
-        if emb is None:
-            raise SpecdecError(f"unknown embedded model '{name}': choose one of {', '.join(EMBEDDED)}")
+        emb = _embedded(name, role)
         key = f"{_embedded_key(emb)}-{dtype_name(dtype)}"
         meta = {"source": "embedded", "model": emb.title, "sha256": emb.sha256, "dtype": dtype_name(dtype)}
 
@@ -402,10 +407,7 @@ def gguf_file(spec: str, role: str = "target", progress: bool = True) -> Path | 
     model) and checked against its sha256; a single-part one is used where it is installed."""
     low = spec.strip().lower()
     if low == "embedded" or low.startswith("embedded:"):
-        name = low.partition(":")[2].strip() or EMBEDDED_DEFAULT[role]
-        emb = EMBEDDED.get(name)
-        if emb is None:
-            raise SpecdecError(f"unknown embedded model '{name}': choose one of {', '.join(EMBEDDED)}")
+        emb = _embedded(low.partition(":")[2], role)
         parts = _locate_parts(emb, role)
         if len(parts) == 1:
             return parts[0]
@@ -425,23 +427,21 @@ def gguf_file(spec: str, role: str = "target", progress: bool = True) -> Path | 
     return path if path.is_file() and _is_gguf(path) else None
 
 
-def gguf_skeleton(spec: str, role: str, dtype: torch.dtype, progress: bool = True) -> tuple[LoadedModel, Path] | None:
-    """For a spec that names a GGUF (embedded, a .gguf file, a folder holding one): the model built on the meta
-    device (no weight read yet: models/gguf_linear.load_gguf_causal_lm fills it from the file), its tokenizer and
-    config read from a small cache entry made from the file once (<key>-meta), and the file; None for another spec.
+def gguf_skeleton(spec: str, path: Path, role: str, dtype: torch.dtype,
+                  progress: bool = True) -> tuple[LoadedModel, gguf_tensors.GgufHeader]:
+    """For a spec that names a GGUF (embedded, a .gguf file, a folder holding one) and that file (gguf_file): the
+    model built on the meta device (no weight read yet: models/gguf_linear.load_gguf_causal_lm fills it from the
+    file), its tokenizer and config read from a small cache entry made from the file once (<key>-meta), and the
+    file's header.
     The full route (load_causal_lm) instead dequantizes every weight into a cached safetensors copy (3.4 GB and
     54 s the first time for the embedded target, whose blocks need 1.1 GB)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    path = gguf_file(spec, role, progress)
-    if path is None:
-        return None
-    gguf_tensors.read_header(path)  # a file cut short or not GGUF: one line before transformers parses it
+    header = gguf_tensors.read_header(path)  # a file cut short or not GGUF: one line before transformers parses it
     low = spec.strip().lower()
     if low == "embedded" or low.startswith("embedded:"):
-        name = low.partition(":")[2].strip() or EMBEDDED_DEFAULT[role]
-        emb = EMBEDDED[name]
-        title, source, spec = emb.title, "embedded", f"embedded:{name}"
+        emb = _embedded(low.partition(":")[2], role)
+        title, source, spec = emb.title, "embedded", f"embedded:{emb.key}"
         key, meta = f"{_embedded_key(emb)}-meta", {"source": "embedded", "model": emb.title, "sha256": emb.sha256}
     else:
         title, source = path.name, "gguf"
@@ -465,7 +465,7 @@ def gguf_skeleton(spec: str, role: str, dtype: torch.dtype, progress: bool = Tru
         raise
     except Exception as e:
         raise SpecdecError(f"cannot load GGUF file '{path}': {first_line(e)}") from e
-    return LoadedModel(model, tokenizer, title, source, spec, entry, cached), path
+    return LoadedModel(model, tokenizer, title, source, spec, entry, cached), header
 
 
 def _build_meta_entry(key: str, meta: dict, title: str, path: Path, progress: bool) -> None:

@@ -267,28 +267,28 @@ def gguf_layers(model: nn.Module) -> list[GgufLinear]:
 
 
 def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: torch.dtype | str = torch.bfloat16,
-                        progress: bool = True):
+                        progress: bool = True, path: Path | None = None):
     """A causal LM from a GGUF (`embedded[:NAME]`, a .gguf file, a folder holding one) with its linears on the file's
     blocks, on a CPU, read from the file alone: the model built on the meta device (causal_lm.gguf_skeleton), the
     layers that run on blocks given theirs, every other tensor dequantized to `dtype` as transformers' GGUF loader
     does it (the same values as the cached dequantized model's). The embedded target's first run: 21 s, peak RSS
     2.4 GB, 11 MB cached (through the dequantized copy: 54 s, 5.7 GB, 3.4 GB); later runs 6.0 s, 2.4 GB (that copy,
-    its embeddings mapped from disk: 6.3 s, 1.9 GB). -> models.LoadedModel, weights "gguf"."""
+    its embeddings mapped from disk: 6.3 s, 1.9 GB). path: the file (causal_lm.gguf_file), where the caller found it
+    already. -> models.LoadedModel, weights "gguf"."""
     import time
 
     from specdec_cli.errors import SpecdecError
-    from specdec_cli.models.causal_lm import gguf_skeleton
+    from specdec_cli.models.causal_lm import gguf_file, gguf_skeleton
     from specdec_cli.models.device import resolve_dtype
     from specdec_cli.models.progress import status
 
     start = time.perf_counter()
     build_kernels(progress, (qmatmul.KERNEL,))  # its dequantizer reads the embeddings: built first, said so
-    found = gguf_skeleton(spec, role, resolve_dtype(dtype, "cpu"), progress)
-    if found is None:
+    path = path or gguf_file(spec, role, progress)
+    if path is None:
         raise SpecdecError(f"'{spec}' is not a GGUF model: its weights have no GGUF blocks to run on")
-    loaded, path = found
+    loaded, header = gguf_skeleton(spec, path, role, resolve_dtype(dtype, "cpu"), progress)
     model = loaded.model
-    header = gguf_tensors.read_header(path)
     tensors = header.tensors
     plan = _on_blocks(model, tensors)
     skip = {gname for gname, _ in plan.values()}

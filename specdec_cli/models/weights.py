@@ -39,8 +39,9 @@ def load_held(spec: str, form: str, *, role: str = "target", dtype: torch.dtype 
     from specdec_cli.models.gguf_linear import load_gguf_causal_lm
     from specdec_cli.models.loading import load_model
 
-    if form == "gguf" and torch.device(device).type == "cpu" and gguf_file(spec, role, progress) is not None:
-        return load_gguf_causal_lm(spec, role=role, dtype=dtype, progress=progress)
+    path = gguf_file(spec, role, progress) if form == "gguf" and torch.device(device).type == "cpu" else None
+    if path is not None:
+        return load_gguf_causal_lm(spec, role=role, dtype=dtype, progress=progress, path=path)
     loaded = load_model(spec, CAUSAL_LM, role=role, dtype=dtype, device=device, progress=progress)
     hold(loaded, form, role, progress)
     return loaded
