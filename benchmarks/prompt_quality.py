@@ -28,7 +28,7 @@ from specdec_cli.options import SummarizeOptions
 from specdec_cli.tasks import summarize as task
 
 ARTICLES = Path(__file__).resolve().parents[1] / "examples" / "articles"
-WAYS = {"bf16 prompt": "avx512", "int8 prompt": None}  # SPECDEC_QMATMUL: naming a path turns the prompt kernel off
+WAYS = {"bf16 prompt": "portable", "int8 prompt": None}  # SPECDEC_QMATMUL=portable turns the prompt kernel off
 
 
 def _with_path(path: str | None):

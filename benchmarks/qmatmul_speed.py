@@ -19,7 +19,9 @@ in the same rounds. The machine is shared: contenders run A B C A B C ..., start
                 rows unpacked and interleaved every call, then 64 products an instruction with a zmm's lanes 16
                 outputs. The packing is most of a small call; time(M) − time(1) is what a row costs that way
     q4_k-packed, q5_k-packed, q6_k-packed   its kernel for steps and passes from weights packed once (qmatmul.pack /
-                packed_mm, AVX-512 VNNI): what GgufLinear runs there for calls of up to 33 rows
+                packed_mm, AVX-512 VNNI or AVX2): what GgufLinear runs there for calls of up to 33 rows
+    q4_k-avx2, q4_k-packed-avx2, ...   the same on the AVX2 path (as on a CPU without AVX-512; before the AVX2
+                packed kernel, an AVX2 CPU ran its steps from the blocks: q4_k-avx2)
 
 Each contender rotates over copies of its weight that together exceed the last-level cache (--cache-mb), so a
 call reads its weight from memory as a model's layer does, not from a warm cache.
@@ -30,6 +32,8 @@ call reads its weight from memory as a model's layer does, not from a warm cache
         --contenders bf16,q4_k,q4_k-prompt,q6_k,q6_k-prompt   # what a row costs each way
     .venv/bin/python benchmarks/qmatmul_speed.py --rows 1,2,5,9,17,33 \
         --contenders bf16,q4_k,q4_k-packed,q6_k,q6_k-packed   # steps and passes, unpacked and packed
+    .venv/bin/python benchmarks/qmatmul_speed.py --rows 1,9,33 \
+        --contenders bf16,q4_k-avx2,q4_k-packed-avx2,q4_k-packed,q6_k-avx2,q6_k-packed-avx2   # an AVX2 CPU's steps
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes w_qkv,w_proj,w_fc1,w_fc2,w_output --rows 1,5,11 \
         --contenders bf16,fbgemm-i8,i8rows,q8_0      # Whisper base's decoder: transcribe --target-int8
     .venv/bin/python benchmarks/qmatmul_speed.py --shapes w_proj,w_fc1,w_fc2,w_output --rows 1,4,11,44 \
@@ -162,13 +166,13 @@ def make_inductor(kind):
     return make
 
 
-def make_gguf(qtype):
+def make_gguf(qtype, path=None):
     def make(N, K, cache_mb):
         from specdec_cli.kernels import qmatmul
 
         blocks = [qmatmul.random_blocks(qtype, N, K, seed=s)
                   for s in range(_copies(qmatmul.block_bytes(qtype, N, K), cache_mb))]
-        return lambda x, i: qmatmul.gguf_mm(x, blocks[i % len(blocks)], qtype, N, K)
+        return lambda x, i: qmatmul.gguf_mm(x, blocks[i % len(blocks)], qtype, N, K, path=path)
 
     return make
 
@@ -186,7 +190,7 @@ def make_prompt(qtype):
     return make
 
 
-def make_packed(qtype):
+def make_packed(qtype, path=None):
     def make(N, K, cache_mb):
         from specdec_cli.kernels import qmatmul
 
@@ -194,7 +198,7 @@ def make_packed(qtype):
             raise RuntimeError("the packed kernel does not run here (qmatmul.packs)")
         packed = [qmatmul.pack(qmatmul.random_blocks(qtype, N, K, seed=s), qtype, N, K)
                   for s in range(_copies(qmatmul.block_bytes(qtype, N, K), cache_mb))]
-        return lambda x, i: qmatmul.packed_mm(x, packed[i % len(packed)], qtype, N, K)
+        return lambda x, i: qmatmul.packed_mm(x, packed[i % len(packed)], qtype, N, K, path=path)
 
     return make
 
@@ -206,6 +210,8 @@ GGUF_TYPES = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 CONTENDERS.update({t: make_gguf(t) for t in GGUF_TYPES})
 CONTENDERS.update({f"{t}-prompt": make_prompt(t) for t in ("q4_k", "q5_k", "q6_k")})
 CONTENDERS.update({f"{t}-packed": make_packed(t) for t in ("q4_k", "q5_k", "q6_k")})
+CONTENDERS.update({f"{t}-avx2": make_gguf(t, "avx2") for t in ("q4_k", "q5_k", "q6_k")})  # as an AVX2 CPU runs them
+CONTENDERS.update({f"{t}-packed-avx2": make_packed(t, "avx2") for t in ("q4_k", "q5_k", "q6_k")})
 
 
 def measure(fns: dict, x: torch.Tensor, rounds: int, target_s: float) -> dict[str, list[float]]:

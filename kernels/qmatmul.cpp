@@ -26,9 +26,9 @@
 //   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
 //               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
 //
-// (Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI run instead from their weights packed at load, by an arithmetic of
-// their own, stated with it below: pack, mm_packed. A layer runs one or the other for every call of its steps and
-// passes.)
+// (Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI or AVX2 run instead from their weights packed at load, by an arithmetic
+// of their own, stated with it below, the same on both: pack, mm_packed. A layer runs one or the other for every call
+// of its steps and passes.)
 //
 // Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type), so the SIMD paths may add them
 // in any order; every float operation is listed above, in that order, and the file is compiled with
@@ -2021,14 +2021,19 @@ AVX2_FN void prompt_tile_avx2(const Call& c, const Packed& p, const int8_t* xq, 
     }
 }
 
+template <int QT>
+AVX2_FN void unpack16_avx2(const Call& c, const uint8_t* pk, int64_t b, Packed& p);  // below, with pack's form
+
+// pk: pack()'s form of the weights, read in place of the file's blocks (the same Packed)
 template <int QT, typename O>
 AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const float* xm, int64_t S, int64_t xs,
-                         O* y) {
+                         O* y, const uint8_t* pk = nullptr) {
   constexpr int SLOT = QT == Q6_K ? 16 : 32;
   chunks(c.N / 16, 1, [&](int64_t b0, int64_t b1) {
     Packed p(c.K, SLOT);
     for (int64_t b = b0; b < b1; b++) {
-      pack16_avx2<QT>(c, 16 * b, p);
+      if (pk) unpack16_avx2<QT>(c, pk, b, p);
+      else pack16_avx2<QT>(c, 16 * b, p);
       int64_t m = 0;
       for (; m + 3 <= c.M; m += 3) prompt_tile_avx2<QT, 3, O>(c, p, xq, dx, xm, S, xs, m, 16 * b, y);
       if (c.M - m == 2) prompt_tile_avx2<QT, 2, O>(c, p, xq, dx, xm, S, xs, m, 16 * b, y);
@@ -2039,12 +2044,13 @@ AVX2_FN void prompt_avx2(const Call& c, const int8_t* xq, const float* dx, const
 #endif  // QMM_X86
 
 // ---------------------------------------------------------------------------------------------------------------
-// Steps and passes on AVX-512 VNNI (Q4_K, Q5_K, Q6_K): the weights packed once, at load (pack), for
+// Steps and passes on AVX-512 VNNI and AVX2 (Q4_K, Q5_K, Q6_K): the weights packed once, at load (pack), for
 // vpdpbusd: a zmm's 16 lanes are 16 outputs, the quants of 16 weight rows interleaved 4 at a time as the prompt's
 // Packed holds them, but 4 bits each (Q5_K: 5, Q6_K: 6), so that a step reads about the file's bytes (Q4_K +2.8 %,
 // Q5_K +2.3 %, Q6_K the same). Every row of x times each unpacked weight vector: the cost of a call grows with its
-// rows by the products alone. mm_packed takes calls of any size; GgufLinear sends it those of ≤ 33 rows, a prompt
-// going to mm_prompt, which reads the same packed form (unpack16).
+// rows by the products alone (AVX2, vpmaddubsw: about three times the instructions a product, a 9-row pass about
+// two steps). mm_packed takes calls of any size; GgufLinear sends it those of ≤ 33 rows, a prompt going to
+// mm_prompt, which reads the same packed form (unpack16, unpack16_avx2).
 //
 // The arithmetic, for one output (every tile computes it alike, whatever M, the tile or the thread):
 //   x        quantized as mm quantizes it (int8 per 256, the kernel order)
@@ -2296,26 +2302,154 @@ VNNI_FN void packed_tile(const Call& c, const uint8_t* pk, const uint8_t* xs, co
   }
 }
 
+// The same arithmetic with AVX2 (no VNNI), the same bits: a ymm's 8 lanes are 8 outputs, a packed vector's 16 rows two
+// ymm (rows 0–7, then 8–15), each half of a group taken in turn (16 ymm registers: a slot's 8 unpacked quads, its
+// rows' sums). A slot's ia as the AVX2 prompt kernel sums it (vpmaddubsw pairs added in int16 over T16 quads, within
+// 2¹⁵: Q4_K 8 · 2 · 15 · 127, Q5_K 4 · 2 · 31 · 127, Q6_K 2 · 2 · 63 · 127; then vpmaddwd by ones), exact as vpdpbusd's;
+// gacc, acc and mac in memory.
+AVX2_FN inline __attribute__((always_inline)) __m256i select_bits(__m256i a, __m256i b, __m256i mask) {
+  return _mm256_or_si256(_mm256_and_si256(a, mask), _mm256_andnot_si256(mask, b));  // a where mask, else b
+}
+
+// q6_quads for half h: slot j's four quads, 6-bit quants (unsigned), rows 8h .. 8h + 7
+AVX2_FN inline __attribute__((always_inline)) void q6_quads_avx2(const uint8_t* o, int j, int h, __m256i* w) {
+  const __m256i m6 = _mm256_set1_epi8(63), m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(15);
+  __m256i v[3];
+  for (int k = 0; k < 3; k++) {
+    v[k] = _mm256_loadu_si256((const __m256i*)(o + (3 * j + k) * 64 + 32 * h));
+    w[k] = _mm256_and_si256(v[k], m6);
+  }
+  const __m256i t = select_bits(_mm256_srli_epi16(v[0], 6), _mm256_srli_epi16(v[1], 4), m2);
+  w[3] = _mm256_and_si256(select_bits(t, _mm256_srli_epi16(v[2], 2), m4), m6);
+}
+
+// fifth_bits for half h
+AVX2_FN inline __attribute__((always_inline)) void fifth_bits_avx2(__m256i& hb, __m256i& w0, __m256i& w1) {
+  const __m256i bit4 = _mm256_set1_epi8(16);
+  w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
+  w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
+  hb = _mm256_srli_epi16(hb, 2);
+}
+
+// a = fma(x, y, a), 8 lanes in memory
+AVX2_FN inline __attribute__((always_inline)) void fma_into8(float* a, __m256 x, __m256 y) {
+  _mm256_store_ps(a, _mm256_fmadd_ps(x, y, _mm256_load_ps(a)));
+}
+
+// packed_tile's product with AVX2: R rows × 16 outputs of block b over every group, into y
+template <int QT, int R, typename O>
+AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off16, int64_t m0,
+                              int64_t b, O* y) {
+  constexpr int T16 = QT == Q4_K ? 8 : QT == Q5_K ? 4 : 2;  // quads summed in int16 (see above)
+  const int64_t groups = c.K / 256, gb = packed_bytes(QT), h5 = high5(QT);
+  const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  alignas(32) float acc_m[R][16], mac_m[R][16], gacc_m[R][8];
+  for (int r = 0; r < R; r++)
+    for (int l = 0; l < 16; l++) acc_m[r][l] = mac_m[r][l] = 0.f;
+  const uint8_t* xr[R];
+  for (int r = 0; r < R; r++) xr[r] = xs + (m0 + r) * c.K;
+  const uint8_t* o = pk + b * groups * gb;
+  for (int64_t g = 0; g < groups; g++, o += gb) {
+    for (int64_t p = 0; p < gb; p += 64) _mm_prefetch((const char*)(o + PREFETCH_BYTES + p), _MM_HINT_T0);
+    for (int h = 0; h < 2; h++) {
+      for (int r = 0; r < R; r++)
+        for (int l = 0; l < 8; l++) gacc_m[r][l] = 0.f;
+      if constexpr (QT == Q6_K) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 3328 + 16 * h)));
+        for (int j = 0; j < 16; j++) {
+          __m256i w[4];
+          q6_quads_avx2(o, j, h, w);
+          const __m256 s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(o + 3072 + 16 * j + 8 * h)))));
+          for (int r = 0; r < R; r++) {
+            const uint8_t* x = xr[r] + g * 256 + 16 * j;
+            __m256i ia = _mm256_set1_epi32(off16[(m0 + r) * (c.K / 16) + 16 * g + j]);
+            for (int k = 0; k < 4; k += 2) {
+              int32_t x0, x1;
+              std::memcpy(&x0, x + 4 * k, 4);
+              std::memcpy(&x1, x + 4 * k + 4, 4);
+              __m256i p16 = _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x0));
+              in_register(p16);
+              p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(w[k + 1], _mm256_set1_epi32(x1)));
+              ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p16, ones));
+            }
+            fma_into8(gacc_m[r], _mm256_cvtepi32_ps(ia), s);
+          }
+        }
+      } else {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + h5 + 2304 + 16 * h)));
+        for (int j = 0; j < 8; j++) {
+          __m256i w[8];  // quads 8j .. 8j + 7
+          __m256i hb = _mm256_setzero_si256();
+          if constexpr (QT == Q5_K) hb = _mm256_loadu_si256((const __m256i*)(o + 2048 + 64 * j + 32 * h));
+          for (int t = 0; t < 4; t++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(o + (4 * j + t) * 64 + 32 * h));
+            w[2 * t] = _mm256_and_si256(v, lo4);
+            w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if constexpr (QT == Q5_K) fifth_bits_avx2(hb, w[2 * t], w[2 * t + 1]);
+          }
+          const __m256 s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(o + h5 + 2048 + 16 * j + 8 * h)))));
+          for (int r = 0; r < R; r++) {
+            const uint8_t* x = xr[r] + g * 256 + 32 * j;
+            __m256i ia = _mm256_setzero_si256();
+            for (int q0 = 0; q0 < 8; q0 += T16) {
+              __m256i p16 = _mm256_setzero_si256();
+              for (int q = q0; q < q0 + T16; q++) {
+                int32_t xv;
+                std::memcpy(&xv, x + 4 * q, 4);
+                p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(w[q], _mm256_set1_epi32(xv)));
+                in_register(p16);
+              }
+              ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p16, ones));
+            }
+            fma_into8(gacc_m[r], _mm256_cvtepi32_ps(ia), s);
+          }
+        }
+      }
+      for (int r = 0; r < R; r++)
+        fma_into8(acc_m[r] + 8 * h, _mm256_load_ps(gacc_m[r]), _mm256_set1_ps(c.dx[(m0 + r) * groups + g]));
+      if constexpr (QT != Q6_K) {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + h5 + 2336 + 16 * h)));
+        for (int j = 0; j < 8; j++) {
+          const __m256 mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(o + h5 + 2176 + 16 * j + 8 * h)))));
+          for (int r = 0; r < R; r++) fma_into8(mac_m[r] + 8 * h, mn, _mm256_set1_ps(c.xsd[(m0 + r) * c.S16 + 8 * g + j]));
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < 2; h++) {
+      __m256 v = _mm256_sub_ps(_mm256_load_ps(acc_m[r] + 8 * h), _mm256_load_ps(mac_m[r] + 8 * h));
+      if (c.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(c.bias + 16 * b + 8 * h));
+      if constexpr (std::is_same_v<O, float>) _mm256_storeu_ps(y + (m0 + r) * c.N + 16 * b + 8 * h, v);
+      else _mm_storeu_si128((__m128i*)(y + (m0 + r) * c.N + 16 * b + 8 * h), bf16_rne8(v));
+    }
+}
+
 // Every row of the call for blocks [b0, b1): tiles of ≤ PACKED_TILE rows, of sizes as equal as they can be (a
-// 9-row pass one tile, its weights unpacked once: 1.05–1.17× the 5 + 4 of tiles of 6, one and five rows alike)
+// 9-row pass one tile, its weights unpacked once: 1.05–1.17× the 5 + 4 of tiles of 6, one and five rows alike);
+// wide: AVX-512 VNNI's tiles, else AVX2's (the same values)
 constexpr int PACKED_TILE = 9;
-template <int QT, typename O>
-VNNI_FN void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off16, int64_t b0,
-                           int64_t b1, O* y) {
+template <int QT, typename O, bool WIDE>
+void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off16, int64_t b0, int64_t b1,
+                   O* y) {
   const int64_t tiles = (c.M + PACKED_TILE - 1) / PACKED_TILE;
   for (int64_t b = b0; b < b1; b++)
     for (int64_t t = 0, m = 0; t < tiles; t++) {
       const int64_t rows = (c.M - m) / (tiles - t) + ((c.M - m) % (tiles - t) ? 1 : 0);
+      auto tile = [&](auto r) {
+        if constexpr (WIDE) packed_tile<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
+        else packed_tile_avx2<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
+      };
       switch (rows) {
-        case 9: packed_tile<QT, 9, O>(c, pk, xs, off16, m, b, y); break;
-        case 8: packed_tile<QT, 8, O>(c, pk, xs, off16, m, b, y); break;
-        case 7: packed_tile<QT, 7, O>(c, pk, xs, off16, m, b, y); break;
-        case 6: packed_tile<QT, 6, O>(c, pk, xs, off16, m, b, y); break;
-        case 5: packed_tile<QT, 5, O>(c, pk, xs, off16, m, b, y); break;
-        case 4: packed_tile<QT, 4, O>(c, pk, xs, off16, m, b, y); break;
-        case 3: packed_tile<QT, 3, O>(c, pk, xs, off16, m, b, y); break;
-        case 2: packed_tile<QT, 2, O>(c, pk, xs, off16, m, b, y); break;
-        default: packed_tile<QT, 1, O>(c, pk, xs, off16, m, b, y); break;
+        case 9: tile(std::integral_constant<int, 9>()); break;
+        case 8: tile(std::integral_constant<int, 8>()); break;
+        case 7: tile(std::integral_constant<int, 7>()); break;
+        case 6: tile(std::integral_constant<int, 6>()); break;
+        case 5: tile(std::integral_constant<int, 5>()); break;
+        case 4: tile(std::integral_constant<int, 4>()); break;
+        case 3: tile(std::integral_constant<int, 3>()); break;
+        case 2: tile(std::integral_constant<int, 2>()); break;
+        default: tile(std::integral_constant<int, 1>()); break;
       }
       m += rows;
     }
@@ -2369,6 +2503,57 @@ VNNI_FN void unpack16(const Call& c, const uint8_t* pk, int64_t b, Packed& p) {
     }
   }
 }
+
+// unpack16 with AVX2: Packed (the AVX2 prompt kernel's) for block b from pack()'s form, the same bytes and floats
+template <int QT>
+AVX2_FN void unpack16_avx2(const Call& c, const uint8_t* pk, int64_t b, Packed& p) {
+  const int64_t groups = c.K / 256, gb = packed_bytes(QT), h5 = high5(QT);
+  const __m256i lo4 = _mm256_set1_epi8(15);
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* o = pk + (b * groups + g) * gb;
+    uint8_t* q = p.q.data() + g * 64 * 64;  // quads 64g ..
+    for (int h = 0; h < 2; h++) {
+      if constexpr (QT == Q6_K) {
+        const __m256i k32 = _mm256_set1_epi8(32), ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 3328 + 16 * h)));
+        __m256i sum = _mm256_setzero_si256();
+        for (int j = 0; j < 16; j++) {
+          __m256i w[4];
+          q6_quads_avx2(o, j, h, w);
+          __m256i tj = _mm256_setzero_si256();
+          for (int k = 0; k < 4; k++) {
+            const __m256i qs = _mm256_sub_epi8(w[k], k32);  // q − 32, signed
+            _mm256_storeu_si256((__m256i*)(q + (4 * j + k) * 64 + 32 * h), qs);
+            tj = _mm256_add_epi32(tj, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qs), ones16));  // Σ (q − 32)
+          }
+          const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(o + 3072 + 16 * j + 8 * h)));
+          sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(sc, tj));
+          _mm256_storeu_ps(p.s.data() + (g * 16 + j) * 16 + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+        }
+        _mm256_storeu_ps(p.mn.data() + g * 16 + 8 * h,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(128.f), d), _mm256_cvtepi32_ps(sum)));
+      } else {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + h5 + 2304 + 16 * h)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + h5 + 2336 + 16 * h)));
+        for (int j = 0; j < 8; j++) {
+          __m256i hb = _mm256_setzero_si256();
+          if constexpr (QT == Q5_K) hb = _mm256_loadu_si256((const __m256i*)(o + 2048 + 64 * j + 32 * h));
+          for (int t = 0; t < 4; t++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(o + (4 * j + t) * 64 + 32 * h));
+            __m256i w0 = _mm256_and_si256(v, lo4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if constexpr (QT == Q5_K) fifth_bits_avx2(hb, w0, w1);
+            _mm256_storeu_si256((__m256i*)(q + (8 * j + 2 * t) * 64 + 32 * h), w0);
+            _mm256_storeu_si256((__m256i*)(q + (8 * j + 2 * t + 1) * 64 + 32 * h), w1);
+          }
+          const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(o + h5 + 2048 + 16 * j + 8 * h))));
+          const __m256 mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(o + h5 + 2176 + 16 * j + 8 * h))));
+          _mm256_storeu_ps(p.s.data() + (g * 8 + j) * 16 + 8 * h, _mm256_mul_ps(d, sc));
+          _mm256_storeu_ps(p.mn.data() + (g * 8 + j) * 16 + 8 * h, _mm256_mul_ps(dmin, mv));
+        }
+      }
+    }
+  }
+}
 #endif  // QMM_X86
 
 // The packed form of w [N, row_bytes] (Q4_K, Q5_K or Q6_K, N a multiple of 16): [N / 16, K / 256, packed_bytes] uint8
@@ -2396,11 +2581,20 @@ torch::Tensor unpack(torch::Tensor packed, int64_t qtype, int64_t N, int64_t K) 
   return out;
 }
 
-// y = x · Wᵀ (+ bias) from pack's form of W (AVX-512 VNNI), any number of rows: x [..., K] fp32 or bf16 -> [..., N]
+// The SIMD path a call of mm_packed or mm_prompt runs: `path` (AUTO: the best here), AVX2 or AVX-512 VNNI
+int simd_path(const char* who, int64_t path) {
+  if (path == AUTO) path = best_path();
+  TORCH_CHECK(path >= AVX2 && path <= best_path(), who, ": needs AVX2 or AVX-512 VNNI, path ", path,
+              " does not run on this CPU");
+  return (int)path;
+}
+
+// y = x · Wᵀ (+ bias) from pack's form of W (AVX-512 VNNI or AVX2, the same values), any number of rows:
+// x [..., K] fp32 or bf16 -> [..., N]
 torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
-                        c10::optional<torch::Tensor> bias) {
+                        c10::optional<torch::Tensor> bias, int64_t path) {
   const Operands o = operands("qmatmul.mm_packed", x, packed, qtype, N, K, bias, true);
-  TORCH_CHECK(best_path() == AVX512VNNI, "qmatmul.mm_packed: needs AVX-512 VNNI");
+  const bool wide = simd_path("qmatmul.mm_packed", path) == AVX512VNNI;
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());
   if (M == 0 || N == 0) return out;
@@ -2408,7 +2602,7 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
   Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
          o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
-  quantize_rows(o.x, c, AVX512VNNI, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
+  quantize_rows(o.x, c, wide ? AVX512VNNI : AVX2, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
   std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : 0);  // Q6_K: −32 · Σ x per 16 (its slots), the offset's
   for (int64_t i = 0; i < (int64_t)off16.size(); i++) {
     int32_t t = 0;
@@ -2421,9 +2615,9 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
     chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
-      if (qtype == Q6_K) packed_blocks<Q6_K, O>(c, pk, xs, off16.data(), b0, b1, y);
-      else if (qtype == Q5_K) packed_blocks<Q5_K, O>(c, pk, xs, off16.data(), b0, b1, y);
-      else packed_blocks<Q4_K, O>(c, pk, xs, off16.data(), b0, b1, y);
+      if (qtype == Q6_K) (wide ? packed_blocks<Q6_K, O, true> : packed_blocks<Q6_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q5_K) (wide ? packed_blocks<Q5_K, O, true> : packed_blocks<Q5_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
+      else (wide ? packed_blocks<Q4_K, O, true> : packed_blocks<Q4_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
     });
   };
   if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
@@ -2433,17 +2627,14 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
 }
 
 // A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
-// packed: pack()'s form of w, read instead (AVX-512 VNNI, Q4_K, Q5_K, Q6_K; the same values; w is then not read), or
-// undefined.
+// packed: pack()'s form of w, read instead (the same values; w is then not read), or undefined. path: simd_path's.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
-                        c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> packed) {
+                        c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> packed, int64_t path_asked) {
   TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K only");
-  const int path = best_path();
-  TORCH_CHECK(path >= AVX2, "qmatmul.mm_prompt: needs AVX2 or AVX-512 VNNI");
+  const int path = simd_path("qmatmul.mm_prompt", path_asked);
   TORCH_CHECK(N % 16 == 0, "qmatmul.mm_prompt: N must be a multiple of 16");
   const bool from_packed = packed && packed->defined();  // then w is not read (it may be empty)
   const bool wide = path == AVX512VNNI;
-  TORCH_CHECK(!from_packed || wide, "qmatmul.mm_prompt: the packed form needs AVX-512 VNNI");
   const Operands o = operands("qmatmul.mm_prompt", x, from_packed ? *packed : w, qtype, N, K, bias, from_packed);
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());  // written in x's dtype by the tiles
@@ -2463,13 +2654,13 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
     using O = std::remove_pointer_t<decltype(y)>;
     if (qtype == Q6_K) {  // the offset per group: dx
       if (wide) prompt_avx512<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y, pk);
-      else prompt_avx2<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y);
+      else prompt_avx2<Q6_K, O>(c, xq8.data(), dx.data(), dx.data(), K / 256, K / 256, y, pk);
     } else if (qtype == Q5_K) {
       if (wide) prompt_avx512<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y, pk);
-      else prompt_avx2<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      else prompt_avx2<Q5_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y, pk);
     } else {
       if (wide) prompt_avx512<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y, pk);
-      else prompt_avx2<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y);
+      else prompt_avx2<Q4_K, O>(c, xq8.data(), dx.data(), xsd.data(), K / 32, s16(K), y, pk);
     }
   };
   if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
@@ -2486,10 +2677,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "y = x · Wᵀ (+ bias), W in GGUF blocks");
   m.def("dequantize", &dequantize, "the weights as the file means them, into out [N, K] fp32 or bf16");
   m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)", py::arg("x"),
-        py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("packed") = py::none());
+        py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("packed") = py::none(),
+        py::arg("path") = 0);
   m.def("pack", &pack, "the packed form of Q4_K / Q5_K / Q6_K weights, for mm_packed");
   m.def("unpack", &unpack, "the file's blocks back from pack's form");
-  m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI)");
+  m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI or AVX2)", py::arg("x"),
+        py::arg("packed"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("path") = 0);
   m.def("backend", &backend, "the SIMD path this CPU runs");
   m.def("best_path", &best_path, "its number (1 portable, 2 AVX2, 3 AVX-512 VNNI)");
 }

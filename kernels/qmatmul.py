@@ -2,8 +2,9 @@
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
     dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
-    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI: steps and passes from weights packed once (pack), the cost
-                  nearly flat in the rows of a pass
+    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2: steps and passes from weights packed once (pack),
+                  the cost nearly flat in the rows of a pass (AVX-512 VNNI; AVX2: about twice a step at 9 rows)
+    prompt_mm     a prompt's product of the K-quants (AVX-512 VNNI or AVX2)
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
 
@@ -15,7 +16,8 @@ accumulation.
 
 Built at first use and cached (kernels/cpp.py: a C++ compiler is needed then). A failed build says so in one line
 and the twin runs instead.
-SPECDEC_QMATMUL=portable|avx2|avx512|torch forces a path (tests; `torch` is the twin).
+SPECDEC_QMATMUL=portable|avx2|avx512 runs as a CPU whose best path that is would (portable: no prompt kernel, no
+packed form; avx2: AVX2's packed and prompt kernels); `torch`: the twin, with neither (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ def _forced() -> str:
     return os.environ.get("SPECDEC_QMATMUL", "auto").strip().lower() or "auto"
 
 
+def _simd(path: str | None) -> int:
+    """The C++ path number for the prompt and packed kernels: `path`, else SPECDEC_QMATMUL's where it names one of
+    theirs (avx2, avx512), else 0: the best here."""
+    path = path or _forced()
+    return PATHS[path] if path in ("avx2", "avx512") else 0
+
+
 def backend_line() -> str:
     """Which path runs, in a few words."""
     forced = _forced()
@@ -54,9 +63,8 @@ def backend_line() -> str:
     if ext is None:
         return f"torch twin (the C++ kernel did not build: {KERNEL.error})"
     best = ext.backend()
-    if forced in PATHS:
-        return f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})"
-    return f"C++ {best} path" + (", Q4_K, Q5_K and Q6_K steps from the packed form" if packs("q4_k", 16) else "")
+    line = f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})" if forced in PATHS else f"C++ {best} path"
+    return line + (", Q4_K, Q5_K and Q6_K steps from the packed form" if packs("q4_k", 16) else "")
 
 
 def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: torch.Tensor | None = None,
@@ -87,16 +95,13 @@ def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | 
     return out
 
 
-PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's (AVX-512 VNNI): Q4_K_M and Q5_K_M files' K-quants
+PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's: Q4_K_M and Q5_K_M files' K-quants
 
 
 def packs(qtype, N: int) -> bool:
     """Whether a weight of this type and N outputs runs from pack()'s form here: Q4_K, Q5_K or Q6_K, N a multiple of 16,
-    the kernel built, a CPU with AVX-512 VNNI, no path forced (SPECDEC_QMATMUL)."""
-    if gb.type_name(qtype) not in PACKED_TYPES or N % 16 or _forced() != "auto":
-        return False
-    ext = extension()
-    return ext is not None and ext.best_path() == PATHS["avx512"]
+    the kernel built, a CPU with AVX-512 VNNI or AVX2 (prompt_runs)."""
+    return gb.type_name(qtype) in PACKED_TYPES and N % 16 == 0 and prompt_runs()
 
 
 def pack(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
@@ -111,39 +116,43 @@ def unpack(packed: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
 
 
 def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+              bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
     """x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype (fp32 and bf16; others through fp32), from pack()'s form:
-    steps and passes (any number of rows), each row computed alike whatever the others (qmatmul.cpp)."""
+    steps and passes (any number of rows), each row computed alike whatever the others, and alike on either path
+    (qmatmul.cpp). path: 'avx512', 'avx2' (tests), default the best here."""
     if x.dtype not in (torch.float32, torch.bfloat16):
-        return packed_mm(x.float(), packed, qtype, N, K, bias).to(x.dtype)
-    return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias)
+        return packed_mm(x.float(), packed, qtype, N, K, bias, path).to(x.dtype)
+    return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias, _simd(path))
 
 
 PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants
 
 
 def prompt_mm(x: torch.Tensor, blocks: torch.Tensor | None, qtype, N: int, K: int,
-              bias: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> torch.Tensor | None:
+              bias: torch.Tensor | None = None, packed: torch.Tensor | None = None,
+              path: str | None = None) -> torch.Tensor | None:
     """A prompt's product x [..., K] (fp32 or bf16) · Wᵀ (+ bias) -> [..., N] in x's dtype, by qmatmul.cpp's int8
     prompt kernel (mm_prompt: x quantized as gguf_mm quantizes it), or None where that does not run: another type,
-    N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL naming a path. packed:
+    N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL=portable|torch. packed:
     pack()'s form of the same weights, read instead of the blocks (no interleaving each call; the same values);
-    blocks may then be None."""
+    blocks may then be None. path: 'avx512', 'avx2' (tests), default the best here."""
     if gb.type_name(qtype) not in PROMPT_TYPES or N % 16 or x.dtype not in (torch.float32, torch.bfloat16):
         return None
     if not prompt_runs():
         return None
     if blocks is None:
         blocks = torch.empty(0, dtype=torch.uint8)  # not read: the packed form is
-    return extension().mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias, packed)
+    return extension().mm_prompt(x, blocks, gb.type_id(qtype), N, K, bias, packed, _simd(path))
 
 
 def prompt_runs() -> bool:
-    """Whether prompt_mm's kernel runs here: built, on a CPU with AVX2 or AVX-512 VNNI, no path forced."""
-    if _forced() != "auto":
+    """Whether prompt_mm's kernel (and packed_mm's) runs here: built, on a CPU with AVX2 or AVX-512 VNNI, unless
+    SPECDEC_QMATMUL names the portable path or the twin."""
+    forced = _forced()
+    if forced not in ("auto", "avx2", "avx512"):
         return False
     ext = extension()
-    return ext is not None and ext.best_path() >= PATHS["avx2"]
+    return ext is not None and min(ext.best_path(), PATHS.get(forced, 3)) >= PATHS["avx2"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

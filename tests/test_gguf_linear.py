@@ -210,18 +210,22 @@ def test_a_changing_thread_count_changes_no_token(smollm2_blocks, smollm2, monke
     assert spec.tokens[0] == alone[1] == alone[2] and len(alone[1]) > 10
 
 
-def test_packed_layers_give_a_pass_the_bits_of_steps():
-    """A tiny Llama whose every linear is a Q4_K, Q5_K or Q6_K GgufLinear run from the packed form (where it runs: AVX-512
-    VNNI): a pass's rows are its steps' bits, greedy speculative output (a differently quantized twin drafting) is
-    the autoregressive output, and q, k, v and gate, up joined read views of their joint layer's packed form."""
+@pytest.mark.parametrize("cpu", ["auto", "avx2"])
+def test_packed_layers_give_a_pass_the_bits_of_steps(cpu, monkeypatch):
+    """A tiny Llama whose every linear is a Q4_K, Q5_K or Q6_K GgufLinear run from the packed form (where it runs:
+    AVX-512 VNNI or AVX2; `avx2`: as on a CPU without AVX-512): a pass's rows are its steps' bits, greedy speculative
+    output (a differently quantized twin drafting) is the autoregressive output, and q, k, v and gate, up joined read
+    views of their joint layer's packed form."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec_cli.decoding import generate
     from specdec_cli.decoding.exact_rows import exact_rows
     from specdec_cli.models import gguf_linear
 
+    if cpu != "auto":
+        monkeypatch.setenv("SPECDEC_QMATMUL", cpu)
     if not qmatmul.packs("q4_k", 16):
-        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+        pytest.skip(f"the packed kernel runs on AVX-512 VNNI and AVX2, not here ({qmatmul.backend_line()})")
     config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1)
     torch.manual_seed(0)

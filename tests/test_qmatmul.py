@@ -259,13 +259,19 @@ def test_dequantize_into_fp32_and_bf16(name):
         assert torch.equal(buf, want.to(torch.bfloat16)), path
 
 
-def _prompt_kernel_here() -> bool:
+SIMD = ("avx2", "avx512")  # the prompt and packed kernels' paths
+
+
+def simd_here(path: str) -> None:
+    """Skip unless the prompt and packed kernels' `path` runs on this CPU (AVX2 runs wherever AVX-512 VNNI does)."""
     ext = qmatmul.extension()
-    return ext is not None and ext.best_path() >= qmatmul.PATHS["avx2"]
+    if ext is None or ext.best_path() < qmatmul.PATHS[path]:
+        pytest.skip(f"the {path} path of the prompt and packed kernels does not run here")
 
 
-def _prompt_within_rounding(name, blocks, x, bias, product=None):
-    """mm_prompt (or `product`(x[:M]), e.g. the packed kernel, whose fp32 operations are as many or fewer) against the product of the quantized x (the twin's quantize_rows, the same values) and the file's
+def _prompt_within_rounding(name, blocks, x, bias, product):
+    """product(x[:M]) (mm_prompt, or the packed kernel, whose fp32 operations are as many or fewer) against the
+    product of the quantized x (the twin's quantize_rows, the same values) and the file's
     weights in fp64, within the kernel's fp32 operations' rounding: per output, one rounding each for a slot's scale,
     the slots' sum over a group, the groups' sum, the minimums' (Q6_K: a group's offset), the bias, 2⁻²³ each (twice
     the unit) on the magnitude of every term: (|x_q| + 128)·dx (Q6_K's x + 128) times |w| + 2·|dmin·m| (a quant's
@@ -284,57 +290,54 @@ def _prompt_within_rounding(name, blocks, x, bias, product=None):
     ops = slots + K // 256 + per + 2
     tol = ops * 2.0**-23 * (((xq.double().abs() + 128) * dxk) @ (w.abs() + 2 * mins).T + bias.double().abs())
     for M in (37, 35, 34, 33, 32):
-        got = product(x[:M]) if product else qmatmul.prompt_mm(x[:M], blocks, name, N, K, bias)
+        got = product(x[:M])
         assert got.dtype == torch.float32 and got.shape == (M, N)
         assert ((got.double() - want[:M]).abs() <= tol[:M]).all(), (M, ((got.double() - want[:M]).abs() / tol[:M]).max())
 
 
+@pytest.mark.parametrize("path", SIMD)
 @pytest.mark.parametrize("name", qmatmul.PROMPT_TYPES)
-def test_the_prompt_kernel_is_the_quantized_product(name):
+def test_the_prompt_kernel_is_the_quantized_product(name, path):
     """mm_prompt (a prompt's rows) quantizes x as mm does and differs from it only in its fp32 operations."""
-    if not _prompt_kernel_here():
-        pytest.skip("the prompt kernel runs on AVX-512 VNNI and AVX2 (elsewhere a prompt is a dense product)")
+    simd_here(path)
     N, K = 48, 768  # two blocks of 16 outputs and one alone; 3 groups
     blocks = gb.random_blocks(name, N, K, seed=8)
     bias = torch.randn(N)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(37, K, generator=g)
     x[:, 9] *= 40
-    _prompt_within_rounding(name, blocks, x, bias)
+    _prompt_within_rounding(name, blocks, x, bias, lambda xs: qmatmul.prompt_mm(xs, blocks, name, N, K, bias, path=path))
     # bf16 in and out: the same product of x's bf16 values, rounded once more to bf16
     xb = x.to(torch.bfloat16)
-    got = qmatmul.prompt_mm(xb[None], blocks, name, N, K, bias)
+    got = qmatmul.prompt_mm(xb[None], blocks, name, N, K, bias, path=path)
     assert got.dtype == torch.bfloat16 and got.shape == (1, 37, N)
-    assert torch.equal(got[0], qmatmul.prompt_mm(xb.float(), blocks, name, N, K, bias).to(torch.bfloat16))
+    assert torch.equal(got[0], qmatmul.prompt_mm(xb.float(), blocks, name, N, K, bias, path=path).to(torch.bfloat16))
 
 
 # each type's quant bytes (offsets in a block) and the value that makes every quant its largest magnitude
 EXTREME_QUANTS = {"q4_k": [(16, 144, 0xFF)], "q5_k": [(16, 176, 0xFF)], "q6_k": [(0, 192, 0x00)]}  # 15, 31, −32
 
 
+@pytest.mark.parametrize("path", SIMD)
 @pytest.mark.parametrize("name", qmatmul.PROMPT_TYPES)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 @pytest.mark.parametrize("kernel", ["prompt", "packed"])
-def test_the_prompt_kernel_at_the_ends_of_its_integer_ranges(name, sign, kernel):
+def test_the_prompt_kernel_at_the_ends_of_its_integer_ranges(name, sign, kernel, path):
     """Every quant at its largest magnitude and every x at ±127 once quantized: the kernels' int16 sums of pairs
-    (a slot's for Q4_K, half a slot's for Q5_K and Q6_K) reach their bounds and must not wrap or saturate; the
+    (AVX2's: a slot's for Q4_K, half a slot's for Q5_K and Q6_K) reach their bounds and must not wrap or saturate; the
     packed kernel's Q6_K −32 · Σ x start and its quants' bits 6–7 at their ends."""
-    if not _prompt_kernel_here():
-        pytest.skip("the prompt kernel runs on AVX-512 VNNI and AVX2 (elsewhere a prompt is a dense product)")
-    if kernel == "packed" and not (name in qmatmul.PACKED_TYPES and _packed_here()):
-        pytest.skip("the packed kernel: the K-quants on AVX-512 VNNI")
+    simd_here(path)
     N, K = 32, 512
-    blocks = gb.random_blocks(name, N, K, seed=3).reshape(N, K // 256, -1).clone()
-    for a, b, v in EXTREME_QUANTS[name]:
-        blocks[..., a:b] = v
-    blocks = blocks.reshape(N, -1)
+    blocks = _extreme(name, N, K)
     x = torch.full((37, K), sign)
     x[1::2] *= 3.0  # other rows, other dx
-    product = None
+    zero = torch.zeros(N)
     if kernel == "packed":
         packed = qmatmul.pack(blocks, name, N, K)
-        product = lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, torch.zeros(N))  # noqa: E731
-    _prompt_within_rounding(name, blocks, x, torch.zeros(N), product)
+        product = lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, zero, path=path)  # noqa: E731
+    else:
+        product = lambda xs: qmatmul.prompt_mm(xs, blocks, name, N, K, zero, path=path)  # noqa: E731
+    _prompt_within_rounding(name, blocks, x, zero, product)
 
 
 def test_the_prompt_kernel_runs_only_where_it_can():
@@ -342,21 +345,16 @@ def test_the_prompt_kernel_runs_only_where_it_can():
     x = torch.randn(30, 256)
     assert qmatmul.prompt_mm(x, blocks, "q4_k", 40, 256) is None  # N not a multiple of 16
     assert qmatmul.prompt_mm(x, gb.random_blocks("q8_0", 32, 256), "q8_0", 32, 256) is None
-    if _prompt_kernel_here():
-        assert qmatmul.prompt_mm(x, blocks[:32], "q4_k", 32, 256) is not None
+    assert (qmatmul.prompt_mm(x, blocks[:32], "q4_k", 32, 256) is not None) == qmatmul.prompt_runs()
 
 
-def _packed_here() -> bool:
-    return qmatmul.packs("q4_k", 16)
-
-
+@pytest.mark.parametrize("path", SIMD)
 @pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
-def test_the_packed_kernel_is_the_quantized_product(name):
-    """packed_mm (steps and passes of Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI) quantizes x as mm does and
-    differs from the exact product of those integers only in its fp32 operations; the packed form is about the
-    file's size (a step reads about its bytes)."""
-    if not _packed_here():
-        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+def test_the_packed_kernel_is_the_quantized_product(name, path):
+    """packed_mm (steps and passes of Q4_K, Q5_K and Q6_K layers) quantizes x as mm does and differs from the exact
+    product of those integers only in its fp32 operations; the packed form is about the file's size (a step reads
+    about its bytes)."""
+    simd_here(path)
     N, K = 48, 768
     blocks = gb.random_blocks(name, N, K, seed=8)
     packed = qmatmul.pack(blocks, name, N, K)
@@ -364,63 +362,89 @@ def test_the_packed_kernel_is_the_quantized_product(name):
     bias = torch.randn(N)
     x = torch.randn(37, K, generator=torch.Generator().manual_seed(1))
     x[:, 9] *= 40
-    _prompt_within_rounding(name, blocks, x, bias, lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, bias))
+    _prompt_within_rounding(name, blocks, x, bias, lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, bias, path=path))
 
 
+@pytest.mark.parametrize("path", SIMD)
 @pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
-def test_the_packed_kernel_computes_each_row_alike(name):
-    """Each row's output is the same bits whatever the other rows of its call (every split into tiles of up to 6
+def test_the_packed_kernel_computes_each_row_alike(name, path):
+    """Each row's output is the same bits whatever the other rows of its call (every split into tiles of up to 9
     rows, 1 to 40 rows), the thread count, and its input as bf16 is the fp32 result rounded once."""
-    if not _packed_here():
-        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    simd_here(path)
     N, K = 64, 512
     blocks = gb.random_blocks(name, N, K, seed=5)
     packed = qmatmul.pack(blocks, name, N, K)
     bias = torch.randn(N)
     x = torch.randn(40, K, generator=torch.Generator().manual_seed(2))
-    full = qmatmul.packed_mm(x, packed, name, N, K, bias)
+    mm = lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, bias, path=path)  # noqa: E731
+    full = mm(x)
     for M in range(1, 41):
-        assert torch.equal(qmatmul.packed_mm(x[:M], packed, name, N, K, bias), full[:M]), M
+        assert torch.equal(mm(x[:M]), full[:M]), M
     for m in (0, 17, 39):
-        assert torch.equal(qmatmul.packed_mm(x[m], packed, name, N, K, bias), full[m])
+        assert torch.equal(mm(x[m]), full[m])
     with torch_threads(1):
-        assert torch.equal(qmatmul.packed_mm(x, packed, name, N, K, bias), full)
+        assert torch.equal(mm(x), full)
     xb = x[:9].to(torch.bfloat16)
-    got = qmatmul.packed_mm(xb[None], packed, name, N, K, bias)
+    got = mm(xb[None])
     assert got.dtype == torch.bfloat16 and got.shape == (1, 9, N)
-    assert torch.equal(got[0], qmatmul.packed_mm(xb.float(), packed, name, N, K, bias).to(torch.bfloat16))
-
-
-def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
-    assert ("packed" in qmatmul.backend_line()) == qmatmul.packs("q4_k", 16)  # the line says which runs
-    assert not qmatmul.packs("q4_k", 40)  # N not a multiple of 16
-    assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q4_0", 32)  # not K-quants
-    monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # a forced path: the blocks as they are
-    assert not qmatmul.packs("q4_k", 32) and "packed" not in qmatmul.backend_line()
+    assert torch.equal(got[0], mm(xb.float()).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
-def test_the_prompt_kernel_reads_the_packed_form_alike(name):
+def test_the_packed_kernel_gives_the_same_bits_on_avx2_and_avx512(name):
+    """One arithmetic on both paths (AVX2's int16 sums of pairs are exact, its float steps AVX-512's, in order): a
+    machine's path does not change a model's outputs; the quants at their ends too, fp32 and bf16, with a bias and
+    without. The prompt kernel's two paths likewise."""
+    simd_here("avx512")
+    N, K = 48, 768
+    for blocks in (gb.random_blocks(name, N, K, seed=6), _extreme(name, N, K)):
+        packed = qmatmul.pack(blocks, name, N, K)
+        x = torch.randn(41, K, generator=torch.Generator().manual_seed(7))
+        x[:, 3] *= 60
+        for bias in (torch.randn(N), None):
+            for xs in (x, x.to(torch.bfloat16)):
+                for M in (1, 2, 9, 10, 41):
+                    want = qmatmul.packed_mm(xs[:M], packed, name, N, K, bias, path="avx512")
+                    assert torch.equal(qmatmul.packed_mm(xs[:M], packed, name, N, K, bias, path="avx2"), want), M
+                want = qmatmul.prompt_mm(xs, blocks, name, N, K, bias, path="avx512")
+                assert torch.equal(qmatmul.prompt_mm(xs, blocks, name, N, K, bias, path="avx2"), want)
+
+
+def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
+    assert ("packed" in qmatmul.backend_line()) == qmatmul.packs("q4_k", 16) == qmatmul.prompt_runs()
+    assert not qmatmul.packs("q4_k", 40)  # N not a multiple of 16
+    assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q4_0", 32)  # not K-quants
+    ext = qmatmul.extension()
+    avx2 = ext is not None and ext.best_path() >= qmatmul.PATHS["avx2"]
+    monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # as on an AVX2 CPU: packed where that runs
+    assert qmatmul.packs("q4_k", 32) == avx2 == ("packed" in qmatmul.backend_line())
+    for path in ("portable", "torch"):  # as on a CPU without AVX2, or the twin: the blocks as they are
+        monkeypatch.setenv("SPECDEC_QMATMUL", path)
+        assert not qmatmul.packs("q4_k", 32) and "packed" not in qmatmul.backend_line()
+
+
+@pytest.mark.parametrize("path", SIMD)
+@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
+def test_the_prompt_kernel_reads_the_packed_form_alike(name, path):
     """mm_prompt from pack()'s form (what a packed layer's prefill reads, its blocks let go) gives the bits it gives
     from the file's blocks, fp32 and bf16, with and without a bias, the quants at their ends too."""
-    if not _packed_here():
-        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    simd_here(path)
     N, K = 48, 768
     for blocks in (gb.random_blocks(name, N, K, seed=4), _extreme(name, N, K)):
         packed = qmatmul.pack(blocks, name, N, K)
         x = torch.randn(41, K, generator=torch.Generator().manual_seed(6))
         for bias in (torch.randn(N), None):
             for xs in (x, x.to(torch.bfloat16)):
-                want = qmatmul.prompt_mm(xs, blocks, name, N, K, bias)
-                assert torch.equal(qmatmul.prompt_mm(xs, None, name, N, K, bias, packed), want)
+                want = qmatmul.prompt_mm(xs, blocks, name, N, K, bias, path=path)
+                assert torch.equal(qmatmul.prompt_mm(xs, None, name, N, K, bias, packed, path=path), want)
 
 
 @pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
 def test_the_packed_form_keeps_every_bit_of_the_blocks(name):
     """unpack(pack(blocks)) is blocks byte for byte (a packed layer lets its blocks go and rebuilds them for a subset
     head or its dequantized weights): random bytes in every field, the quants at their ends, all-ones bytes."""
-    if not _packed_here():
-        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+    if qmatmul.extension() is None:
+        pytest.skip("pack and unpack are the built kernel's")
     N, K = 32, 512
     every_byte = torch.randint(0, 256, (N, gb.row_bytes(name, K)), dtype=torch.uint8,
                                generator=torch.Generator().manual_seed(8))  # any bytes: scales, d, NaNs too

@@ -1,10 +1,10 @@
 """GGUF weights run as they are: a causal LM whose linear layers multiply the file's own blocks (Q4_K, Q5_K, Q6_K,
 Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
 A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
-runs (the K-quants on AVX-512 VNNI: activations quantized as the steps quantize them), else multiplies the same
-weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI run from the
+runs (the K-quants on AVX-512 VNNI or AVX2: activations quantized as the steps quantize them), else multiplies the
+same weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers there run from the
 weights packed once at load (GgufLinear.pack, qmatmul.packed_mm; the blocks then let go): a 9-row pass then costs
-little more than a step.
+little more than a step (AVX2: about two).
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     join                layers that read the same input (q, k, v; gate, up) laid side by side in one buffer, and the
@@ -87,8 +87,8 @@ class GgufLinear(nn.Module):
 
     def pack(self) -> GgufLinear:
         """Hold the weights in qmatmul's packed form instead of the blocks where its kernel runs here (qmatmul.packs:
-        Q4_K, Q5_K, Q6_K on AVX-512 VNNI): steps, passes and the prompt then run from it, a pass's cost nearly flat in its
-        rows. Returns self."""
+        Q4_K, Q5_K, Q6_K on AVX-512 VNNI or AVX2): steps, passes and the prompt then run from it, a pass's cost
+        nearly flat in its rows. Returns self."""
         if self.packed is None and qmatmul.packs(self.qtype, self.out_features):
             self.hold_packed(qmatmul.pack(self.blocks, self.qtype, self.out_features, self.in_features))
         return self
