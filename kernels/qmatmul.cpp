@@ -2343,7 +2343,10 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
   constexpr int T16 = QT == Q4_K ? 8 : QT == Q5_K ? 4 : 2;  // quads summed in int16 (see above)
   const int64_t groups = c.K / 256, gb = packed_bytes(QT), h5 = high5(QT);
   const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  alignas(32) float acc_m[R][16], mac_m[R][16], gacc_m[R][8];
+  // gacc in registers where they leave room for a slot's quads (Q4_K, Q5_K: 8 ymm; Q6_K: 4), else in memory
+  constexpr bool REG = QT == Q6_K || R <= 4;
+  alignas(32) float acc_m[R][16], mac_m[R][16], gacc_m[REG ? 1 : R][8];
+  __m256 gacc_r[R];
   for (int r = 0; r < R; r++)
     for (int l = 0; l < 16; l++) acc_m[r][l] = mac_m[r][l] = 0.f;
   const uint8_t* xr[R];
@@ -2352,8 +2355,10 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
   for (int64_t g = 0; g < groups; g++, o += gb) {
     for (int64_t p = 0; p < gb; p += 64) _mm_prefetch((const char*)(o + PREFETCH_BYTES + p), _MM_HINT_T0);
     for (int h = 0; h < 2; h++) {
-      for (int r = 0; r < R; r++)
-        for (int l = 0; l < 8; l++) gacc_m[r][l] = 0.f;
+      for (int r = 0; r < R; r++) {
+        if constexpr (REG) gacc_r[r] = _mm256_setzero_ps();
+        else _mm256_store_ps(gacc_m[r], _mm256_setzero_ps());
+      }
       if constexpr (QT == Q6_K) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + 3328 + 16 * h)));
         for (int j = 0; j < 16; j++) {
@@ -2372,7 +2377,8 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
               p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(w[k + 1], _mm256_set1_epi32(x1)));
               ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p16, ones));
             }
-            fma_into8(gacc_m[r], _mm256_cvtepi32_ps(ia), s);
+            if constexpr (REG) gacc_r[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), s, gacc_r[r]);  // gacc = fma(float(ia), s, gacc)
+            else fma_into8(gacc_m[r], _mm256_cvtepi32_ps(ia), s);
           }
         }
       } else {
@@ -2401,12 +2407,13 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
               }
               ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p16, ones));
             }
-            fma_into8(gacc_m[r], _mm256_cvtepi32_ps(ia), s);
+            if constexpr (REG) gacc_r[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), s, gacc_r[r]);  // gacc = fma(float(ia), s, gacc)
+            else fma_into8(gacc_m[r], _mm256_cvtepi32_ps(ia), s);
           }
         }
       }
       for (int r = 0; r < R; r++)
-        fma_into8(acc_m[r] + 8 * h, _mm256_load_ps(gacc_m[r]), _mm256_set1_ps(c.dx[(m0 + r) * groups + g]));
+        fma_into8(acc_m[r] + 8 * h, REG ? gacc_r[r] : _mm256_load_ps(gacc_m[REG ? 0 : r]), _mm256_set1_ps(c.dx[(m0 + r) * groups + g]));
       if constexpr (QT != Q6_K) {
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + h5 + 2336 + 16 * h)));
         for (int j = 0; j < 8; j++) {
