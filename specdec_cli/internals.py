@@ -194,18 +194,22 @@ _GGUF_NAMES = threading.Lock()  # gguf_to_hf_names swaps a module attribute of g
 
 @contextlib.contextmanager
 def gguf_parsed_once():
-    """While open, transformers' GGUF loader parses each file once: a config and a tokenizer read from the same
-    GGUF each build a `GGUFReader` (6 s apiece for the embedded target's 151 936-token vocabulary). Relies on:
-    `load_gguf_checkpoint` importing `GGUFReader` from gguf at each call and only reading from it."""
+    """While open, transformers' GGUF loader reads a file's metadata from models/gguf_tensors.read_fields, once per
+    file, where gguf's `GGUFReader` took 6 s for the embedded target's 151 936-token vocabulary, and a config and a
+    tokenizer read from the same file each built one. For metadata only: the stand-in has no tensor data (an
+    AttributeError, not a wrong value, if something reads it). Relies on: `load_gguf_checkpoint` importing
+    `GGUFReader` from gguf at each call and reading, without tensors, `reader.fields[key].parts / .data / .types`
+    (parts[i] parsed by `_gguf_parse_value`: a scalar's value at [0], a string's bytes) and `reader.tensors[i].name`:
+    transformers 5.x."""
     import gguf
 
     with _GGUF_READERS:
         built, readers = gguf.GGUFReader, {}
 
         def reader(path, *args, **kwargs):
-            key = (str(path), args, tuple(sorted(kwargs.items())))
+            key = str(path)
             if key not in readers:
-                readers[key] = built(path, *args, **kwargs)
+                readers[key] = _MetadataReader(path)
             return readers[key]
 
         gguf.GGUFReader = reader  # type: ignore[misc, assignment]
@@ -213,6 +217,42 @@ def gguf_parsed_once():
             yield
         finally:
             gguf.GGUFReader = built  # type: ignore[misc]
+
+
+class _MetadataReader:
+    """What `load_gguf_checkpoint` reads of a GGUFReader when it reads no tensors (gguf_parsed_once)."""
+
+    class Field:
+        def __init__(self, name: str, types: list[int], values: list):
+            self.name, self.types, self.data = name, types, range(len(values))
+            # GGUFReader's parts hold a scalar as a one-element array, a string as its bytes
+            self.parts = values if types[-1] == 8 else _OneElement(values)
+
+    class Tensor:
+        def __init__(self, name: str):
+            self.name = name
+
+    def __init__(self, path):
+        from specdec_cli.models import gguf_tensors
+
+        header = gguf_tensors.read_header(path)
+        fields = gguf_tensors.read_fields(path)
+        self.tensors = [self.Tensor(name) for name in header.tensors]
+        # GGUFReader's own entries first, as it lists them
+        self.fields = {key: self.Field(key, [t], [v]) for key, t, v in (
+            ("GGUF.version", 4, header.version), ("GGUF.tensor_count", 10, len(header.tensors)),
+            ("GGUF.kv_count", 10, len(fields)))}
+        self.fields.update({key: self.Field(key, f.types, f.values) for key, f in fields.items()})
+
+
+class _OneElement:
+    """values[i] as a one-element tuple."""
+
+    def __init__(self, values: list):
+        self.values = values
+
+    def __getitem__(self, i: int) -> tuple:
+        return (self.values[i],)
 
 
 _GGUF_READERS = threading.Lock()  # gguf_parsed_once swaps a module attribute of gguf's while it is open

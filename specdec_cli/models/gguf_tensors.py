@@ -48,6 +48,7 @@ class GgufTensor:
 class GgufHeader:
     architecture: str | None  # general.architecture ("llama", "qwen2", "gemma3", ...)
     tensors: dict[str, GgufTensor]  # by name, in the file's order
+    version: int  # the GGUF version: 2 or 3
 
 
 def read_header(path: str | Path) -> GgufHeader:
@@ -62,6 +63,65 @@ def read_header(path: str | Path) -> GgufHeader:
 def read_tensors(path: str | Path) -> dict[str, GgufTensor]:
     """{name: GgufTensor} of the GGUF file at `path`, in the file's order."""
     return read_header(path).tensors
+
+
+@dataclass(frozen=True)
+class GgufField:
+    """One metadata entry: `types` [value type] or [ARRAY, element type] (gguf.GGUFValueType), `values` the value
+    ([v] for a scalar, an array's elements), strings as their bytes."""
+    types: list[int]
+    values: list
+
+
+SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def read_fields(path: str | Path) -> dict[str, GgufField]:
+    """{key: GgufField} of every metadata entry of the GGUF file at `path`, in the file's order (a 150 000-token
+    vocabulary in 0.3 s where GGUFReader takes 6); SpecdecError (one line) when it is not a GGUF file."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return _fields(m)
+    except (struct.error, UnicodeDecodeError, ValueError) as e:
+        raise SpecdecError(f"'{path}' is not a GGUF file specdec can read: {e}") from None
+
+
+def _fields(m) -> dict[str, GgufField]:
+    if m[:4] != MAGIC or struct.unpack_from("<I", m, 4)[0] not in VERSIONS:
+        raise ValueError("no GGUF v2 or v3 magic")
+    (n_kv,) = struct.unpack_from("<Q", m, 16)
+    at = 24
+
+    def string(at: int) -> tuple[bytes, int]:
+        (n,) = struct.unpack_from("<Q", m, at)
+        if at + 8 + n > len(m):
+            raise ValueError("a string runs past the end of the file")
+        return m[at + 8 : at + 8 + n], at + 8 + n
+
+    def values(kind: int, at: int, count: int) -> tuple[list, int]:
+        if kind in SCALAR_FORMATS:
+            end = at + count * SCALAR_BYTES[kind]
+            return list(struct.unpack_from(f"<{count}{SCALAR_FORMATS[kind]}", m, at)), end
+        if kind == STRING:
+            out = []
+            for _ in range(count):
+                v, at = string(at)
+                out.append(v)
+            return out, at
+        raise ValueError(f"metadata value type {kind} inside an array or unknown")
+
+    fields = {}
+    for _ in range(n_kv):
+        key, at = string(at)
+        (kind,) = struct.unpack_from("<I", m, at)
+        if kind == ARRAY:
+            inner, n = struct.unpack_from("<IQ", m, at + 4)
+            vals, at = values(inner, at + 16, n)
+            fields[key.decode("utf-8")] = GgufField([ARRAY, inner], vals)
+        else:
+            vals, at = values(kind, at + 4, 1)
+            fields[key.decode("utf-8")] = GgufField([kind], vals)
+    return fields
 
 
 def _walk(m) -> GgufHeader:
@@ -117,7 +177,7 @@ def _walk(m) -> GgufHeader:
     end = max((t.start + t.rows * row for t in tensors.values() if (row := _row_bytes(t)) is not None), default=0)
     if end > len(m):
         raise ValueError(f"the file is cut short: its tensors end at byte {end}, the file at {len(m)}")
-    return GgufHeader(architecture, tensors)
+    return GgufHeader(architecture, tensors, version)
 
 
 def _row_bytes(t: GgufTensor) -> int | None:
