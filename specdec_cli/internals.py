@@ -193,10 +193,11 @@ _GGUF_NAMES = threading.Lock()  # gguf_to_hf_names swaps a module attribute of g
 
 
 @contextlib.contextmanager
-def gguf_parsed_once():
-    """While open, transformers' GGUF loader reads a file's metadata from models/gguf_tensors.read_fields, once per
-    file, where gguf's `GGUFReader` took 6 s for the embedded target's 151 936-token vocabulary, and a config and a
-    tokenizer read from the same file each built one. For metadata only: the stand-in has no tensor data (an
+def gguf_parsed_once(read_metadata):
+    """While open, transformers' GGUF loader reads a file's metadata from read_metadata(path) -> (header, fields)
+    (models/gguf_tensors.read_metadata), once per file, where gguf's `GGUFReader` took 6 s for the
+    embedded target's 151 936-token vocabulary, and a config and a tokenizer read from the same file each built one.
+    For metadata only: the stand-in has no tensor data (an
     AttributeError, not a wrong value, if something reads it). Relies on: `load_gguf_checkpoint` importing
     `GGUFReader` from gguf at each call and reading, without tensors, `reader.fields[key].parts / .data / .types`
     (parts[i] parsed by `_gguf_parse_value`: a scalar's value at [0], a string's bytes) and `reader.tensors[i].name`:
@@ -209,7 +210,7 @@ def gguf_parsed_once():
         def reader(path, *args, **kwargs):
             key = str(path)
             if key not in readers:
-                readers[key] = _MetadataReader(path)
+                readers[key] = _MetadataReader(*read_metadata(path))
             return readers[key]
 
         gguf.GGUFReader = reader  # type: ignore[misc, assignment]
@@ -232,11 +233,8 @@ class _MetadataReader:
         def __init__(self, name: str):
             self.name = name
 
-    def __init__(self, path):
-        from specdec_cli.models import gguf_tensors
-
-        header = gguf_tensors.read_header(path)
-        fields = gguf_tensors.read_fields(path)
+    def __init__(self, header, fields):
+        """header: .version and .tensors (names); fields: {key: .types, .values}, in the file's order."""
         self.tensors = [self.Tensor(name) for name in header.tensors]
         # GGUFReader's own entries first, as it lists them
         self.fields = {key: self.Field(key, [t], [v]) for key, t, v in (

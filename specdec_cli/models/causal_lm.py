@@ -472,7 +472,8 @@ def _build_meta_entry(key: str, meta: dict, title: str, path: Path, progress: bo
     """The config, generation config and tokenizer transformers reads from the GGUF at `path`, saved under `key`."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    with cache.atomic_entry(key, meta) as tmp, _gguf_progress(progress, title) as say, internals.gguf_parsed_once():
+    with cache.atomic_entry(key, meta) as tmp, _gguf_progress(progress, title) as say, internals.gguf_parsed_once(
+            gguf_tensors.read_metadata):
         say("reading the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)

@@ -73,6 +73,11 @@ class GgufField:
     values: list
 
 
+def read_metadata(path: str | Path) -> tuple[GgufHeader, dict[str, GgufField]]:
+    """The header and the metadata of the GGUF file at `path` (what internals.gguf_parsed_once hands transformers)."""
+    return read_header(path), read_fields(path)
+
+
 SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
