@@ -28,7 +28,8 @@ from specdec_cli.options import SummarizeOptions
 from specdec_cli.tasks import summarize as task
 
 ARTICLES = Path(__file__).resolve().parents[1] / "examples" / "articles"
-WAYS = {"bf16 prompt": "portable", "int8 prompt": None}  # SPECDEC_QMATMUL=portable turns the prompt kernel off
+DENSE = "portable"  # SPECDEC_QMATMUL: as on a CPU without the prompt kernel (a dense product of the dequantized weights)
+WAYS = {"bf16 prompt": DENSE, "int8 prompt": None}
 
 
 def _with_path(path: str | None):
@@ -66,7 +67,7 @@ def main() -> None:
         seq = prompt + tok.encode(summary, add_special_tokens=False)
         runs.append((seq, len(prompt), {w: stepped(model, seq, len(prompt), p) for w, p in WAYS.items()}))
     model.float()  # the reference: every product in fp32 on the exact weights (a prefill of the whole sequence)
-    _with_path("avx512")
+    _with_path(DENSE)
     totals = {w: [0.0, 0, 0] for w in WAYS}
     with torch.inference_mode():
         for seq, P, got in runs:
