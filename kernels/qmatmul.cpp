@@ -461,15 +461,14 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
 // fp16 → fp32 in hardware: the same exact value as fp16_to_fp32
 __attribute__((target("f16c"))) inline float f16c(uint16_t h) { return _cvtsh_ss(h); }
 
+AVX2_FN inline __attribute__((always_inline)) void group32_avx2(int qtype, const uint8_t* b, __m256i& lo, __m256i& hi,
+                                                               float& d, float& m);  // below
+
 AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {  // G = 32
-  if (qtype == Q8_0) {
-    s.d = f16c(rd16(b));
-    __m256i v = _mm256_loadu_si256((const __m256i*)(b + 2));
-    _mm256_store_si256((__m256i*)w, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
-    _mm256_store_si256((__m256i*)(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
-  } else {
-    unpack_portable(qtype, b, w, s);
-  }
+  __m256i lo, hi;
+  group32_avx2(qtype, b, lo, hi, s.d, s.m);
+  _mm256_store_si256((__m256i*)w, lo);
+  _mm256_store_si256((__m256i*)(w + 16), hi);
 }
 
 AVX2_FN inline __m256i shr(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
@@ -716,40 +715,36 @@ void small_tiles(int64_t M, const F& fused) {
 // values, Q8_0, Q4_0 and Q5_0 in registers
 AVX2_FN inline __attribute__((always_inline)) void group32_avx2(int qtype, const uint8_t* b, __m256i& lo, __m256i& hi,
                                                                float& d, float& m) {
+  d = f16c(rd16(b));
   if (qtype == Q8_0) {
-    d = f16c(rd16(b));
     lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 2)));
     hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 18)));
     return;
   }
-  if (qtype == Q4_0 || qtype == Q5_0) {  // low nibbles elements 0–15, high ones 16–31; Q5_0: bit j of qh adds 16
-    const bool five = qtype == Q5_0;
-    d = f16c(rd16(b));
-    const __m128i qs = _mm_loadu_si128((const __m128i*)(b + (five ? 6 : 2))), lo4 = _mm_set1_epi8(15);
-    lo = _mm256_cvtepu8_epi16(_mm_and_si128(qs, lo4));
-    hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), lo4));
-    if (five) {
-      uint32_t qh;
-      std::memcpy(&qh, b + 2, 4);
-      const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                            (short)0x8000);
-      const __m256i sixteen = _mm256_set1_epi16(16);
-      const __m256i a = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xffff)), bit);
-      const __m256i h = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
-      lo = _mm256_sub_epi16(_mm256_add_epi16(lo, _mm256_and_si256(_mm256_cmpeq_epi16(a, bit), sixteen)), sixteen);
-      hi = _mm256_sub_epi16(_mm256_add_epi16(hi, _mm256_and_si256(_mm256_cmpeq_epi16(h, bit), sixteen)), sixteen);
-    } else {
-      lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
-      hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
-    }
-    return;
+  // Q4_0, Q4_1, Q5_0, Q5_1: low nibbles elements 0–15, high ones 16–31; Q5_x: bit j of qh adds 16 to element j;
+  // Q4_0 takes 8 away, Q5_0 16; Q4_1, Q5_1 have m after d
+  const bool one = qtype == Q4_1 || qtype == Q5_1, five = qtype == Q5_0 || qtype == Q5_1;
+  if (one) m = f16c(rd16(b + 2));
+  const uint8_t* h = b + (one ? 4 : 2);
+  const __m128i qs = _mm_loadu_si128((const __m128i*)(h + (five ? 4 : 0))), lo4 = _mm_set1_epi8(15);
+  lo = _mm256_cvtepu8_epi16(_mm_and_si128(qs, lo4));
+  hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), lo4));
+  if (five) {
+    uint32_t qh;
+    std::memcpy(&qh, h, 4);
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                          (short)0x8000);
+    const __m256i sixteen = _mm256_set1_epi16(16);
+    const __m256i a = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xffff)), bit);
+    const __m256i c = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
+    lo = _mm256_add_epi16(lo, _mm256_and_si256(_mm256_cmpeq_epi16(a, bit), sixteen));
+    hi = _mm256_add_epi16(hi, _mm256_and_si256(_mm256_cmpeq_epi16(c, bit), sixteen));
   }
-  alignas(32) int16_t w[32];
-  Scales s;
-  unpack_portable(qtype, b, w, s);
-  d = s.d, m = s.m;
-  lo = _mm256_load_si256((const __m256i*)w);
-  hi = _mm256_load_si256((const __m256i*)(w + 16));
+  if (!one) {
+    const __m256i offset = _mm256_set1_epi16(five ? 16 : 8);
+    lo = _mm256_sub_epi16(lo, offset);
+    hi = _mm256_sub_epi16(hi, offset);
+  }
 }
 
 // G = 32, calls of few rows (M ≤ SMALL_ROWS): one weight row × MR rows, each group unpacked in registers and applied
@@ -860,25 +855,23 @@ VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s);
 // G = 32: one group's integer weights in a register, its d and (Q4_1, Q5_1) m (unpack_avx512's, which
 // stores this one's for Q8_0 and Q5_0)
 VNNI_FN inline __attribute__((always_inline)) __m512i group32(int qtype, const uint8_t* b, float& d, float& m) {
-  if (qtype == Q8_0) {
-    d = f16c(rd16(b));
-    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2)));
-  }
-  if (qtype == Q5_0) {  // the low nibbles are elements 0–15, the high ones 16–31; bit j of qh adds 16 to element j
-    d = f16c(rd16(b));
+  d = f16c(rd16(b));
+  if (qtype == Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(b + 2)));
+  // Q4_0, Q4_1, Q5_0, Q5_1: the low nibbles are elements 0–15, the high ones 16–31; Q5_x: bit j of qh adds 16 to
+  // element j; Q4_0 takes 8 away, Q5_0 16; Q4_1, Q5_1 have m after d
+  const bool one = qtype == Q4_1 || qtype == Q5_1, five = qtype == Q5_0 || qtype == Q5_1;
+  if (one) m = f16c(rd16(b + 2));
+  const uint8_t* h = b + (one ? 4 : 2);
+  const __m128i qs = _mm_loadu_si128((const __m128i*)(h + (five ? 4 : 0))), lo4x = _mm_set1_epi8(15);
+  __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
+                                      _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
+  if (five) {
     uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    const __m128i qs = _mm_loadu_si128((const __m128i*)(b + 6)), lo4x = _mm_set1_epi8(15);
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, lo4x)),
-                                        _mm_and_si128(_mm_srli_epi16(qs, 4), lo4x), 1);
+    std::memcpy(&qh, h, 4);
     q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(16));
-    return _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(16));
   }
-  alignas(64) int16_t w[32];
-  Scales s;
-  unpack_avx512(qtype, b, w, s);
-  d = s.d, m = s.m;
-  return _mm512_load_si512(w);
+  const int16_t offset = one ? 0 : five ? 16 : 8;
+  return _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(offset));
 }
 
 VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
@@ -922,10 +915,8 @@ VNNI_FN void unpack_avx512(int qtype, const uint8_t* b, int16_t* w, Scales& s) {
         _mm512_storeu_si512(w + e, _mm512_mullo_epi16(_mm512_sub_epi16(q, k32), scv));
       }
     }
-  } else if (qtype == Q8_0 || qtype == Q5_0) {
+  } else {  // G = 32
     _mm512_storeu_si512(w, group32(qtype, b, s.d, s.m));
-  } else {
-    unpack_portable(qtype, b, w, s);
   }
 }
 
