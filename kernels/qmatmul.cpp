@@ -461,16 +461,6 @@ void tile_portable(const Call& c, int64_t n0, int64_t n1) {
 // fp16 → fp32 in hardware: the same exact value as fp16_to_fp32
 __attribute__((target("f16c"))) inline float f16c(uint16_t h) { return _cvtsh_ss(h); }
 
-AVX2_FN inline __attribute__((always_inline)) void group32_avx2(int qtype, const uint8_t* b, __m256i& lo, __m256i& hi,
-                                                               float& d, float& m);  // below
-
-AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {  // G = 32
-  __m256i lo, hi;
-  group32_avx2(qtype, b, lo, hi, s.d, s.m);
-  _mm256_store_si256((__m256i*)w, lo);
-  _mm256_store_si256((__m256i*)(w + 16), hi);
-}
-
 AVX2_FN inline __m256i shr(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
 
 // unpack8_portable's values: each 32 positions (half h of chunk k) one ymm
@@ -745,6 +735,13 @@ AVX2_FN inline __attribute__((always_inline)) void group32_avx2(int qtype, const
     lo = _mm256_sub_epi16(lo, offset);
     hi = _mm256_sub_epi16(hi, offset);
   }
+}
+
+AVX2_FN void unpack_avx2(int qtype, const uint8_t* b, int16_t* w, Scales& s) {  // G = 32
+  __m256i lo, hi;
+  group32_avx2(qtype, b, lo, hi, s.d, s.m);
+  _mm256_store_si256((__m256i*)w, lo);
+  _mm256_store_si256((__m256i*)(w + 16), hi);
 }
 
 // G = 32, calls of few rows (M ≤ SMALL_ROWS): one weight row × MR rows, each group unpacked in registers and applied
