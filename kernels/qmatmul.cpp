@@ -2065,20 +2065,56 @@ constexpr int64_t HIGH5 = 512;
 constexpr int64_t PACKED_Q5K = PACKED_Q4K + HIGH5;
 constexpr int64_t PACKED_Q6K = 3072 + 256 + 32;
 
+// Q8_0 (AVX-512 VNNI only): its packed group is 32 elements of 16 weight rows, q + 128 [8][64] (quad t: 4 bytes of
+// each row at byte 4r), d [16] fp16: the file's 34 bytes a row and group
+constexpr int64_t PACKED_Q80 = 512 + 32;
+
 constexpr int64_t packed_bytes(int qtype) {
-  return qtype == Q6_K ? PACKED_Q6K : qtype == Q5_K ? PACKED_Q5K : PACKED_Q4K;
+  return qtype == Q8_0 ? PACKED_Q80 : qtype == Q6_K ? PACKED_Q6K : qtype == Q5_K ? PACKED_Q5K : PACKED_Q4K;
 }
+constexpr int64_t packed_group(int qtype) { return qtype == Q8_0 ? 32 : 256; }  // a packed group's elements
+constexpr bool packable(int64_t qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || qtype == Q8_0; }
 constexpr int64_t high5(int qtype) { return qtype == Q5_K ? HIGH5 : 0; }  // Q4_K, Q5_K: where sc, m, d, dmin move
 
 void check_packed(const char* who, const torch::Tensor& p, int64_t qtype, int64_t N, int64_t K) {
-  TORCH_CHECK((qtype == Q4_K || qtype == Q5_K || qtype == Q6_K) && N % 16 == 0 && K % 256 == 0 &&
+  TORCH_CHECK(packable(qtype) && N % 16 == 0 && K % packed_group((int)qtype) == 0 &&
               p.scalar_type() == at::kByte && p.is_contiguous() &&
-              p.numel() == N / 16 * (K / 256) * packed_bytes((int)qtype),
-              who, ": packed must be pack()'s form of an [N, K] Q4_K, Q5_K or Q6_K weight");
+              p.numel() == N / 16 * (K / packed_group((int)qtype)) * packed_bytes((int)qtype),
+              who, ": packed must be pack()'s form of an [N, K] Q4_K, Q5_K, Q6_K or Q8_0 weight");
+}
+
+// Q8_0's rows [16·b0, 16·b1) into out [N / 16][K / 32][PACKED_Q80] (pack_rows), or back (unpack_rows)
+void pack_rows_q80(const uint8_t* w, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
+  const int64_t groups = K / 32;
+  for (int64_t b = b0; b < b1; b++)
+    for (int64_t g = 0; g < groups; g++) {
+      uint8_t* o = out + (b * groups + g) * PACKED_Q80;
+      for (int r = 0; r < 16; r++) {
+        const uint8_t* blk = w + (16 * b + r) * row_bytes + g * 34;
+        std::memcpy(o + 512 + 2 * r, blk, 2);
+        for (int t = 0; t < 8; t++)
+          for (int i = 0; i < 4; i++) o[64 * t + 4 * r + i] = (uint8_t)(blk[2 + 4 * t + i] ^ 0x80);  // q + 128
+      }
+    }
+}
+
+void unpack_rows_q80(const uint8_t* pk, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* w) {
+  const int64_t groups = K / 32;
+  for (int64_t b = b0; b < b1; b++)
+    for (int64_t g = 0; g < groups; g++) {
+      const uint8_t* o = pk + (b * groups + g) * PACKED_Q80;
+      for (int r = 0; r < 16; r++) {
+        uint8_t* blk = w + (16 * b + r) * row_bytes + g * 34;
+        std::memcpy(blk, o + 512 + 2 * r, 2);
+        for (int t = 0; t < 8; t++)
+          for (int i = 0; i < 4; i++) blk[2 + 4 * t + i] = (uint8_t)(o[64 * t + 4 * r + i] ^ 0x80);
+      }
+    }
 }
 
 // Rows [16·b0, 16·b1) of w into out [N / 16][K / 256][packed_bytes]; portable (a load's work)
 void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
+  if (qtype == Q8_0) return pack_rows_q80(w, K, row_bytes, b0, b1, out);
   const int64_t groups = K / 256, gb = packed_bytes(qtype);
   const int bb = format_of(qtype).block_bytes;
   uint8_t u[16][256];
@@ -2126,6 +2162,7 @@ void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_
 // The file's blocks of rows [16·b0, 16·b1) back from pack_rows' form (bit for bit: pack keeps every bit of a block);
 // portable (a load's or a subset head's work, not a step's)
 void unpack_rows(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* w) {
+  if (qtype == Q8_0) return unpack_rows_q80(pk, K, row_bytes, b0, b1, w);
   const int64_t groups = K / 256, gb = packed_bytes(qtype);
   const int bb = format_of(qtype).block_bytes;
   uint8_t u[256], q[256];
@@ -2425,6 +2462,70 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
     }
 }
 
+// Q8_0's steps and passes on AVX-512 VNNI, from its packed form (PACKED_Q80): the K-quants' tile with 32-element
+// groups. x is quantized to int8 per 32 elements (not mm's int16: vpdpbusd takes bytes), in natural order. The
+// arithmetic, for one output:
+//   x        per group g of 32: amax = max|x|, inv = 127 / amax, xq_i = rint(x_i · inv) (±127 at most),
+//            dx_g = amax / 127 (0 where amax is), xs_g = Σ xq_i
+//   a group  ia = Σ (q_i + 128)·xq_i − 128·xs_g = Σ q_i·xq_i, int32, exact;  acc = fma(float(ia), d·dx_g, acc)
+//            (d·dx_g one fp32 multiplication)
+//   y        acc (+ bias), rounded once to the output dtype
+// Groups in order. off: −128·xs_g per row and group; c.dx: dx_g.
+template <typename T>
+VNNI_FN void quantize_row_q80_avx512(const T* x, int64_t K, int8_t* xq, float* dx, int32_t* off) {
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  for (int64_t g = 0; g < K / 32; g++) {
+    __m512 v[2];
+    for (int h = 0; h < 2; h++) {
+      if constexpr (std::is_same_v<T, float>) v[h] = _mm512_loadu_ps(x + g * 32 + 16 * h);
+      else  // bf16: the upper half of an fp32
+        v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(x + g * 32 + 16 * h))), 16));
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const __m512 iv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    dx[g] = amax / 127.f;
+    __m512i q[2];
+    for (int h = 0; h < 2; h++) {  // rint under the default rounding (to nearest, ties to even)
+      q[h] = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[h], iv)), lim), nlim);
+      _mm_storeu_si128((__m128i*)(xq + g * 32 + 16 * h), _mm512_cvtepi32_epi8(q[h]));
+    }
+    off[g] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+  }
+}
+
+template <int R, typename O>
+VNNI_FN void packed_tile_q80(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off, int64_t m0,
+                             int64_t b, O* y) {
+  const int64_t groups = c.K / 32;
+  __m512 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+  const uint8_t* xr[R];
+  for (int r = 0; r < R; r++) xr[r] = xs + (m0 + r) * c.K;
+  const uint8_t* o = pk + b * groups * PACKED_Q80;
+  for (int64_t g = 0; g < groups; g++, o += PACKED_Q80) {
+    for (int64_t p = 0; p < PACKED_Q80; p += 64) _mm_prefetch((const char*)(o + PREFETCH_BYTES + p), _MM_HINT_T0);
+    __m512i ia[R];
+    for (int r = 0; r < R; r++) ia[r] = _mm512_set1_epi32(off[(m0 + r) * groups + g]);
+    for (int t = 0; t < 8; t++) {
+      const __m512i w = _mm512_loadu_si512(o + 64 * t);
+      for (int r = 0; r < R; r++) {
+        int32_t xv;
+        std::memcpy(&xv, xr[r] + g * 32 + 4 * t, 4);
+        ia[r] = _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(xv));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 512)));
+    for (int r = 0; r < R; r++)
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(d, _mm512_set1_ps(c.dx[(m0 + r) * groups + g])), acc[r]);
+  }
+  for (int r = 0; r < R; r++) {
+    __m512 v = acc[r];
+    if (c.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(c.bias + 16 * b));
+    if constexpr (std::is_same_v<O, float>) _mm512_storeu_ps(y + (m0 + r) * c.N + 16 * b, v);
+    else _mm256_storeu_si256((__m256i*)(y + (m0 + r) * c.N + 16 * b), bf16_rne(v));
+  }
+}
+
 // Every row of the call for blocks [b0, b1): tiles of ≤ PACKED_TILE rows, of sizes as equal as they can be (a
 // 9-row pass one tile, its weights unpacked once: 1.05–1.17× the 5 + 4 of tiles of 6, one and five rows alike);
 // wide: AVX-512 VNNI's tiles, else AVX2's (the same values)
@@ -2437,7 +2538,8 @@ void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const in
     for (int64_t t = 0, m = 0; t < tiles; t++) {
       const int64_t rows = (c.M - m) / (tiles - t) + ((c.M - m) % (tiles - t) ? 1 : 0);
       auto tile = [&](auto r) {
-        if constexpr (WIDE) packed_tile<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
+        if constexpr (QT == Q8_0) packed_tile_q80<decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
+        else if constexpr (WIDE) packed_tile<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
         else packed_tile_avx2<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
       };
       switch (rows) {
@@ -2556,24 +2658,26 @@ AVX2_FN void unpack16_avx2(const Call& c, const uint8_t* pk, int64_t b, Packed& 
 }
 #endif  // QMM_X86
 
-// The packed form of w [N, row_bytes] (Q4_K, Q5_K or Q6_K, N a multiple of 16): [N / 16, K / 256, packed_bytes] uint8
+// The packed form of w [N, row_bytes] (Q4_K, Q5_K, Q6_K or Q8_0, N a multiple of 16): [N / 16, K / G, packed_bytes] uint8
+// (G: packed_group)
 torch::Tensor pack(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
-  TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.pack: Q4_K, Q5_K or Q6_K only");
-  TORCH_CHECK(N % 16 == 0 && K % 256 == 0, "qmatmul.pack: N must be a multiple of 16, K of 256");
-  const int64_t row_bytes = K / 256 * format_of(qtype).block_bytes;
+  TORCH_CHECK(packable(qtype), "qmatmul.pack: Q4_K, Q5_K, Q6_K or Q8_0 only");
+  const int64_t G = packed_group((int)qtype);
+  TORCH_CHECK(N % 16 == 0 && K % G == 0, "qmatmul.pack: N must be a multiple of 16, K of ", G);
+  const int64_t row_bytes = K / format_of(qtype).G * format_of(qtype).block_bytes;
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == N * row_bytes,
               "qmatmul.pack: w must hold N · ", row_bytes, " contiguous bytes");
-  auto out = torch::empty({N / 16, K / 256, packed_bytes((int)qtype)}, torch::kUInt8);
+  auto out = torch::empty({N / 16, K / G, packed_bytes((int)qtype)}, torch::kUInt8);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / 16, 4, [&](int64_t b0, int64_t b1) { pack_rows(wp, (int)qtype, K, row_bytes, b0, b1, op); });
   return out;
 }
 
-// The file's blocks [N, row_bytes] of pack's form `packed` (Q4_K, Q5_K or Q6_K): unpack(pack(w)) is w
+// The file's blocks [N, row_bytes] of pack's form `packed`: unpack(pack(w)) is w
 torch::Tensor unpack(torch::Tensor packed, int64_t qtype, int64_t N, int64_t K) {
   check_packed("qmatmul.unpack", packed, qtype, N, K);
-  const int64_t row_bytes = K / 256 * format_of(qtype).block_bytes;
+  const int64_t row_bytes = K / format_of(qtype).G * format_of(qtype).block_bytes;
   auto out = torch::empty({N, row_bytes}, torch::kUInt8);
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
@@ -2595,19 +2699,36 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
                         c10::optional<torch::Tensor> bias, int64_t path) {
   const Operands o = operands("qmatmul.mm_packed", x, packed, qtype, N, K, bias, true);
   const bool wide = simd_path("qmatmul.mm_packed", path) == AVX512VNNI;
+  const bool q80 = qtype == Q8_0;
+  TORCH_CHECK(wide || !q80, "qmatmul.mm_packed: Q8_0's packed kernel needs AVX-512 VNNI");
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());
   if (M == 0 || N == 0) return out;
   std::vector<int8_t> xq8(M * K);
-  std::vector<float> dx(M * (K / 256)), xsd(M * s16(K));
+  std::vector<float> dx(M * (K / packed_group((int)qtype))), xsd(q80 ? 0 : M * s16(K));
   Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
          o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
-  quantize_rows(o.x, c, wide ? AVX512VNNI : AVX2, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
-  std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : 0);  // Q6_K: −32 · Σ x per 16 (its slots), the offset's
-  for (int64_t i = 0; i < (int64_t)off16.size(); i++) {
-    int32_t t = 0;
-    for (int e = 0; e < 16; e++) t += xq8[16 * i + e];
-    off16[i] = -32 * t;
+  // Q6_K: −32 · Σ x per 16 (its slots), the offset's; Q8_0: −128 · Σ x per 32
+  std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : q80 ? M * (K / 32) : 0);
+#if QMM_X86
+  if (q80) {
+    at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; m++) {
+        if (o.x.scalar_type() == at::kFloat)
+          quantize_row_q80_avx512<float>(o.x.data_ptr<float>() + m * K, K, xq8.data() + m * K, dx.data() + m * (K / 32), off16.data() + m * (K / 32));
+        else
+          quantize_row_q80_avx512<c10::BFloat16>(o.x.data_ptr<c10::BFloat16>() + m * K, K, xq8.data() + m * K, dx.data() + m * (K / 32), off16.data() + m * (K / 32));
+      }
+    });
+  }
+#endif
+  if (!q80) {
+    quantize_rows(o.x, c, wide ? AVX512VNNI : AVX2, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
+    for (int64_t i = 0; i < (int64_t)off16.size(); i++) {
+      int32_t t = 0;
+      for (int e = 0; e < 16; e++) t += xq8[16 * i + e];
+      off16[i] = -32 * t;
+    }
   }
 #if QMM_X86
   const uint8_t* pk = packed.data_ptr<uint8_t>();
@@ -2615,7 +2736,8 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
     chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
-      if (qtype == Q6_K) (wide ? packed_blocks<Q6_K, O, true> : packed_blocks<Q6_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
+      if (q80) packed_blocks<Q8_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q6_K) (wide ? packed_blocks<Q6_K, O, true> : packed_blocks<Q6_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else if (qtype == Q5_K) (wide ? packed_blocks<Q5_K, O, true> : packed_blocks<Q5_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else (wide ? packed_blocks<Q4_K, O, true> : packed_blocks<Q4_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
     });
@@ -2679,7 +2801,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)", py::arg("x"),
         py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("packed") = py::none(),
         py::arg("path") = 0);
-  m.def("pack", &pack, "the packed form of Q4_K / Q5_K / Q6_K weights, for mm_packed");
+  m.def("pack", &pack, "the packed form of Q4_K / Q5_K / Q6_K / Q8_0 weights, for mm_packed");
   m.def("unpack", &unpack, "the file's blocks back from pack's form");
   m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI or AVX2)", py::arg("x"),
         py::arg("packed"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("path") = 0);

@@ -2,8 +2,9 @@
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
     dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
-    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2: steps and passes from weights packed once (pack),
-                  the cost nearly flat in the rows of a pass (AVX-512 VNNI; AVX2: about twice a step at 9 rows)
+    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2, Q8_0 on AVX-512 VNNI: steps and passes from weights
+                  packed once (pack), the cost nearly flat in the rows of a pass (AVX-512 VNNI; AVX2: about twice a
+                  step at 9 rows)
     prompt_mm     a prompt's product of the K-quants (AVX-512 VNNI or AVX2)
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
@@ -64,7 +65,8 @@ def backend_line() -> str:
         return f"torch twin (the C++ kernel did not build: {KERNEL.error})"
     best = ext.backend()
     line = f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})" if forced in PATHS else f"C++ {best} path"
-    return line + (", Q4_K, Q5_K and Q6_K steps from the packed form" if packs("q4_k", 16) else "")
+    packed = ", ".join(t.upper() for t in (*PACKED_TYPES, *PACKED_WIDE_TYPES) if packs(t, 16))
+    return line + (f", {packed} steps from the packed form" if packed else "")
 
 
 def gguf_mm(x: torch.Tensor, blocks: torch.Tensor, qtype, N: int, K: int, bias: torch.Tensor | None = None,
@@ -95,17 +97,26 @@ def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | 
     return out
 
 
-PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's: Q4_K_M and Q5_K_M files' K-quants
+PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's on AVX-512 VNNI and AVX2: Q4_K_M and Q5_K_M files'
+PACKED_WIDE_TYPES = ("q8_0",)  # ... on AVX-512 VNNI only (its own tile; on AVX2 the blocks as they are)
 
 
 def packs(qtype, N: int) -> bool:
-    """Whether a weight of this type and N outputs runs from pack()'s form here: Q4_K, Q5_K or Q6_K, N a multiple of 16,
-    the kernel built, a CPU with AVX-512 VNNI or AVX2 (prompt_runs)."""
-    return gb.type_name(qtype) in PACKED_TYPES and N % 16 == 0 and prompt_runs()
+    """Whether a weight of this type and N outputs runs from pack()'s form here: N a multiple of 16, the kernel built,
+    Q4_K, Q5_K or Q6_K on a CPU with AVX-512 VNNI or AVX2 (prompt_runs), Q8_0 with AVX-512 VNNI."""
+    name = gb.type_name(qtype)
+    if N % 16 or not prompt_runs():
+        return False
+    return name in PACKED_TYPES or (name in PACKED_WIDE_TYPES and (_simd(None) or extension().best_path()) == PATHS["avx512"])
+
+
+def packed_group(qtype) -> int:
+    """The elements of one packed group along K: 32 for Q8_0, 256 for the K-quants."""
+    return 32 if gb.type_name(qtype) in PACKED_WIDE_TYPES else 256
 
 
 def pack(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
-    """The file's blocks [N, row_bytes] in packed_mm's form: [N / 16, K / 256, bytes] uint8, 16 weight rows
+    """The file's blocks [N, row_bytes] in packed_mm's form: [N / 16, K / packed_group, bytes] uint8, 16 weight rows
     interleaved 4 quants at a time, about the file's size (qmatmul.cpp). Only where packs() says so."""
     return extension().pack(blocks.reshape(N, -1), gb.type_id(qtype), N, K)
 
@@ -119,7 +130,8 @@ def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
               bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
     """x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype (fp32 and bf16; others through fp32), from pack()'s form:
     steps and passes (any number of rows), each row computed alike whatever the others, and alike on either path
-    (qmatmul.cpp). path: 'avx512', 'avx2' (tests), default the best here."""
+    (qmatmul.cpp; Q8_0: AVX-512 VNNI only, x quantized to int8 per 32). path: 'avx512', 'avx2' (tests), default the
+    best here."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         return packed_mm(x.float(), packed, qtype, N, K, bias, path).to(x.dtype)
     return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias, _simd(path))

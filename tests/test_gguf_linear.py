@@ -210,12 +210,13 @@ def test_a_changing_thread_count_changes_no_token(smollm2_blocks, smollm2, monke
     assert spec.tokens[0] == alone[1] == alone[2] and len(alone[1]) > 10
 
 
-@pytest.mark.parametrize("cpu", ["auto", "avx2"])
-def test_packed_layers_give_a_pass_the_bits_of_steps(cpu, monkeypatch):
-    """A tiny Llama whose every linear is a Q4_K, Q5_K or Q6_K GgufLinear run from the packed form (where it runs:
-    AVX-512 VNNI or AVX2; `avx2`: as on a CPU without AVX-512): a pass's rows are its steps' bits, greedy speculative
-    output (a differently quantized twin drafting) is the autoregressive output, and q, k, v and gate, up joined read
-    views of their joint layer's packed form."""
+@pytest.mark.parametrize("cpu, types", [("auto", ("q4_k", "q5_k", "q6_k")), ("avx2", ("q4_k", "q5_k", "q6_k")),
+                                        ("auto", ("q8_0",))])
+def test_packed_layers_give_a_pass_the_bits_of_steps(cpu, types, monkeypatch):
+    """A tiny Llama whose every linear is a Q4_K, Q5_K or Q6_K GgufLinear (or a Q8_0 one) run from the packed form
+    (where it runs: AVX-512 VNNI or AVX2, Q8_0 AVX-512 VNNI; `avx2`: as on a CPU without AVX-512): a pass's rows are
+    its steps' bits, greedy speculative output (a differently quantized twin drafting) is the autoregressive output,
+    and q, k, v and gate, up joined read views of their joint layer's packed form."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec_cli.decoding import generate
@@ -224,8 +225,8 @@ def test_packed_layers_give_a_pass_the_bits_of_steps(cpu, monkeypatch):
 
     if cpu != "auto":
         monkeypatch.setenv("SPECDEC_QMATMUL", cpu)
-    if not qmatmul.packs("q4_k", 16):
-        pytest.skip(f"the packed kernel runs on AVX-512 VNNI and AVX2, not here ({qmatmul.backend_line()})")
+    if not all(qmatmul.packs(t, 16) for t in types):
+        pytest.skip(f"the packed kernel of {types} does not run here ({qmatmul.backend_line()})")
     config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1)
     torch.manual_seed(0)
@@ -244,7 +245,7 @@ def test_packed_layers_give_a_pass_the_bits_of_steps(cpu, monkeypatch):
         gguf_linear._pack(model)
         return model, blocks
 
-    (target, blocks), (draft, _) = on_blocks(["q4_k", "q5_k", "q6_k"]), on_blocks(["q6_k"])
+    (target, blocks), (draft, _) = on_blocks(list(types)), on_blocks(["q6_k"])
     layers = gguf_layers(target)
     assert all(layer.packed is not None and layer.blocks is None for layer in layers)  # the blocks let go
     assert all(torch.equal(layer.file_blocks(), blocks[layer]) for layer in layers)  # and rebuilt alike

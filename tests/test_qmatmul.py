@@ -315,7 +315,8 @@ def test_the_prompt_kernel_is_the_quantized_product(name, path):
 
 
 # each type's quant bytes (offsets in a block) and the value that makes every quant its largest magnitude
-EXTREME_QUANTS = {"q4_k": [(16, 144, 0xFF)], "q5_k": [(16, 176, 0xFF)], "q6_k": [(0, 192, 0x00)]}  # 15, 31, −32
+EXTREME_QUANTS = {"q4_k": [(16, 144, 0xFF)], "q5_k": [(16, 176, 0xFF)], "q6_k": [(0, 192, 0x00)],  # 15, 31, −32
+                  "q8_0": [(2, 34, 0x80)]}  # −128
 
 
 @pytest.mark.parametrize("path", SIMD)
@@ -365,8 +366,11 @@ def test_the_packed_kernel_is_the_quantized_product(name, path):
     _prompt_within_rounding(name, blocks, x, bias, lambda xs: qmatmul.packed_mm(xs, packed, name, N, K, bias, path=path))
 
 
-@pytest.mark.parametrize("path", SIMD)
-@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
+PACKED_CASES = [(name, path) for name in qmatmul.PACKED_TYPES for path in SIMD] + [
+    (name, "avx512") for name in qmatmul.PACKED_WIDE_TYPES]
+
+
+@pytest.mark.parametrize("name, path", PACKED_CASES)
 def test_the_packed_kernel_computes_each_row_alike(name, path):
     """Each row's output is the same bits whatever the other rows of its call (every split into tiles of up to 9
     rows, 1 to 40 rows), the thread count, and its input as bf16 is the fp32 result rounded once."""
@@ -412,15 +416,19 @@ def test_the_packed_kernel_gives_the_same_bits_on_avx2_and_avx512(name):
 
 def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
     assert ("packed" in qmatmul.backend_line()) == qmatmul.packs("q4_k", 16) == qmatmul.prompt_runs()
-    assert not qmatmul.packs("q4_k", 40)  # N not a multiple of 16
-    assert not qmatmul.packs("q8_0", 32) and not qmatmul.packs("q4_0", 32)  # not K-quants
+    assert not qmatmul.packs("q4_k", 40) and not qmatmul.packs("q8_0", 40)  # N not a multiple of 16
+    assert not qmatmul.packs("q4_0", 32) and not qmatmul.packs("q5_0", 32)  # no packed form
     ext = qmatmul.extension()
     avx2 = ext is not None and ext.best_path() >= qmatmul.PATHS["avx2"]
+    vnni = ext is not None and ext.best_path() == qmatmul.PATHS["avx512"]
+    assert qmatmul.packs("q8_0", 32) == vnni == ("Q8_0" in qmatmul.backend_line())  # its tile is AVX-512 VNNI's
     monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # as on an AVX2 CPU: packed where that runs
     assert qmatmul.packs("q4_k", 32) == avx2 == ("packed" in qmatmul.backend_line())
+    assert not qmatmul.packs("q8_0", 32) and "Q8_0" not in qmatmul.backend_line()
     for path in ("portable", "torch"):  # as on a CPU without AVX2, or the twin: the blocks as they are
         monkeypatch.setenv("SPECDEC_QMATMUL", path)
-        assert not qmatmul.packs("q4_k", 32) and "packed" not in qmatmul.backend_line()
+        assert not qmatmul.packs("q4_k", 32) and not qmatmul.packs("q8_0", 32)
+        assert "packed" not in qmatmul.backend_line()
 
 
 @pytest.mark.parametrize("path", SIMD)
@@ -439,7 +447,7 @@ def test_the_prompt_kernel_reads_the_packed_form_alike(name, path):
                 assert torch.equal(qmatmul.prompt_mm(xs, None, name, N, K, bias, packed, path=path), want)
 
 
-@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES)
+@pytest.mark.parametrize("name", qmatmul.PACKED_TYPES + qmatmul.PACKED_WIDE_TYPES)
 def test_the_packed_form_keeps_every_bit_of_the_blocks(name):
     """unpack(pack(blocks)) is blocks byte for byte (a packed layer lets its blocks go and rebuilds them for a subset
     head or its dequantized weights): random bytes in every field, the quants at their ends, all-ones bytes."""
@@ -454,7 +462,52 @@ def test_the_packed_form_keeps_every_bit_of_the_blocks(name):
 
 
 def _extreme(name, N, K):
-    blocks = gb.random_blocks(name, N, K, seed=3).reshape(N, K // 256, -1).clone()
+    blocks = gb.random_blocks(name, N, K, seed=3).reshape(N, K // gb.block_elements(name), -1).clone()
     for a, b, v in EXTREME_QUANTS[name]:
         blocks[..., a:b] = v
     return blocks.reshape(N, -1)
+
+
+def _int8_per_32(x):
+    """x [M, K] fp32 as Q8_0's packed kernel quantizes it: per 32 elements, xq = rint(x · (127 / amax)) within ±127
+    (fp32 operations, ties to even), dx = amax / 127."""
+    g = x.reshape(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    xq = torch.round(g * inv).clamp(-127, 127)
+    return xq.reshape(x.shape), (amax / 127.0).squeeze(-1)
+
+
+@pytest.mark.parametrize("extreme", [None, 0x80, 0x7F])  # random quants; every one −128; every one 127
+def test_the_q8_0_packed_kernel_is_the_int8_product(extreme):
+    """Q8_0's packed kernel (AVX-512 VNNI) quantizes x to int8 per 32 and differs from the exact product of those
+    integers and the file's weights only in its fp32 operations: per group d·dx and one fma into the sum (2⁻²³, twice
+    the unit, on the magnitude of each term, for each of the groups' roundings after it), the bias, the output. The
+    quants at their ends and x at ±127: q + 128 from 0 to 255 times ±127, 32 of them, and the −128·Σx start, exact in
+    int32. Its AVX2 path refuses it in one line (no such tile there)."""
+    simd_here("avx512")
+    N, K = 48, 768
+    blocks = gb.random_blocks("q8_0", N, K, seed=8)
+    if extreme is not None:
+        blocks = blocks.reshape(N, K // 32, 34).clone()
+        blocks[..., 2:] = extreme
+        blocks = blocks.reshape(N, -1)
+    packed = qmatmul.pack(blocks, "q8_0", N, K)
+    assert packed.shape == (N // 16, K // 32, 544) and packed.numel() == blocks.numel()  # the file's bytes
+    bias = torch.randn(N)
+    x = torch.randn(37, K, generator=torch.Generator().manual_seed(1))
+    x[:, 9] *= 40
+    if extreme is not None:
+        x = torch.full((37, K), 1.0)
+        x[1::2] *= -3.0
+    xq, dx = _int8_per_32(x)
+    dxk = dx.double().repeat_interleave(32, 1)
+    w = gb.dequantize("q8_0", blocks, N, K).double()
+    want = (xq.double() * dxk) @ w.T + bias.double()
+    tol = (K // 32 + 3) * 2.0**-23 * ((xq.double().abs() * dxk) @ w.abs().T + bias.double().abs())
+    for M in (37, 10, 9, 2, 1):
+        got = qmatmul.packed_mm(x[:M], packed, "q8_0", N, K, bias)
+        assert got.dtype == torch.float32 and got.shape == (M, N)
+        assert ((got.double() - want[:M]).abs() <= tol[:M]).all(), (M, ((got.double() - want[:M]).abs() / tol[:M]).max())
+    with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
+        qmatmul.packed_mm(x[:2], packed, "q8_0", N, K, bias, path="avx2")

@@ -2,9 +2,9 @@
 Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
 A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
 runs (the K-quants on AVX-512 VNNI or AVX2: activations quantized as the steps quantize them), else multiplies the
-same weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers there run from the
-weights packed once at load (GgufLinear.pack, qmatmul.packed_mm; the blocks then let go): a 9-row pass then costs
-little more than a step (AVX2: about two).
+same weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers there, and of Q8_0 layers with
+AVX-512 VNNI, run from the weights packed once at load (GgufLinear.pack, qmatmul.packed_mm; the blocks then let go;
+a Q8_0 prompt runs there too): a 9-row pass then costs little more than a step (AVX2: about two).
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     join                layers that read the same input (q, k, v; gate, up) laid side by side in one buffer, and the
@@ -17,7 +17,7 @@ Each row of a call computes alike whatever the other rows (kernels/qmatmul.cpp),
 multi-token pass gives every token the bits of a one-token step, and greedy speculative output is the
 autoregressive output of this model. It is the model the file means (weights exact; activations rounded inside each
 product, to int8 per group of 256 for the K-quants as llama.cpp does, to int16 per 32 for the others), not the
-bf16-dequantized one: its logits differ from that one's slightly.
+bf16-dequantized one: its logits differ from that one's slightly (Q8_0 from the packed form: int8 per 32).
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ class GgufLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         want = (out_features, gguf_blocks.row_bytes(self.qtype, in_features))
         if packed is not None:
-            if blocks is not None or tuple(packed.shape[:2]) != (out_features // 16, in_features // 256) \
-                    or out_features % 16:
+            groups = in_features // qmatmul.packed_group(self.qtype)
+            if blocks is not None or tuple(packed.shape[:2]) != (out_features // 16, groups) or out_features % 16:
                 raise ValueError(f"the packed form of a [{out_features}, {in_features}] weight is "
-                                 f"[{out_features // 16}, {in_features // 256}, bytes], without blocks")
+                                 f"[{out_features // 16}, {groups}, bytes], without blocks")
         elif blocks is None or tuple(blocks.shape) != want or blocks.dtype != torch.uint8:
             raise ValueError(f"{self.qtype} blocks of a [{out_features}, {in_features}] weight must be uint8 {want}, "
                              f"not {None if blocks is None else (blocks.dtype, tuple(blocks.shape))}")
@@ -87,8 +87,8 @@ class GgufLinear(nn.Module):
 
     def pack(self) -> GgufLinear:
         """Hold the weights in qmatmul's packed form instead of the blocks where its kernel runs here (qmatmul.packs:
-        Q4_K, Q5_K, Q6_K on AVX-512 VNNI or AVX2): steps, passes and the prompt then run from it, a pass's cost
-        nearly flat in its rows. Returns self."""
+        Q4_K, Q5_K, Q6_K on AVX-512 VNNI or AVX2, Q8_0 on AVX-512 VNNI): steps, passes and the prompt then run from
+        it, a pass's cost nearly flat in its rows. Returns self."""
         if self.packed is None and qmatmul.packs(self.qtype, self.out_features):
             self.hold_packed(qmatmul.pack(self.blocks, self.qtype, self.out_features, self.in_features))
         return self
@@ -112,14 +112,17 @@ class GgufLinear(nn.Module):
         return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
 
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
-        """x · Wᵀ + b by the prompt kernel, else as a dense product in x's dtype, PREFILL_TILE output rows at a
-        time."""
+        """x · Wᵀ + b by the prompt kernel, else (Q8_0) by the packed one, else as a dense product in x's dtype,
+        PREFILL_TILE output rows at a time."""
         y = qmatmul.prompt_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias, self.packed)
         if y is not None:
             return y
+        if self.packed is not None:  # no prompt kernel of its type (Q8_0): its steps' (501 rows: 0.7-0.8x the time
+            # of the dense bf16 product of its dequantized weights, AMD EPYC Zen 5)
+            return qmatmul.packed_mm(x, self.packed, self.qtype, self.out_features, self.in_features, self.bias)
         out = []
         into = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32  # what dequantize writes
-        blocks = self.file_blocks()  # the packed form has the prompt kernel: held blocks in practice
+        blocks = self.blocks
         for n0 in range(0, self.out_features, PREFILL_TILE):
             n1 = min(self.out_features, n0 + PREFILL_TILE)
             w = qmatmul.dequantize(blocks[n0:n1], self.qtype, n1 - n0, self.in_features,
@@ -249,9 +252,15 @@ def _attach(model: nn.Module, gguf_path: Path, plan: dict[str, tuple[str, gguf_t
         counts[layer.qtype] = counts.get(layer.qtype, 0) + 1
     if getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
+    join_and_pack(model)
+    return counts
+
+
+def join_and_pack(model: nn.Module) -> None:
+    """Join the GgufLinear siblings of `model` (q, k, v; gate, up) and pack every layer whose type has a packed form
+    here (GgufLinear.pack), once its layers are all in place."""
     _join_siblings(model)
     _pack(model)
-    return counts
 
 
 def attach_gguf_blocks(model: nn.Module, gguf_path: Path) -> dict[str, int]:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks, step_kernels
+from specdec_cli.models.gguf_linear import GgufLinear, attach_gguf_blocks, join_and_pack, step_kernels
 from specdec_cli.models.loading import LoadedModel
 from specdec_cli.models.progress import build_kernels
 
@@ -82,6 +82,7 @@ def quantize_linears(model: nn.Module, qtype: str) -> dict[str, int]:
                             lambda linear: linear.in_features % GROUP == 0)
     if getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
+    join_and_pack(model)  # as a GGUF's layers are: Q8_0 packed where AVX-512 VNNI runs
     return {qtype: count}
 
 
