@@ -26,9 +26,9 @@
 //   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
 //               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
 //
-// (Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI or AVX2 run instead from their weights packed at load, by an arithmetic
-// of their own, stated with it below, the same on both: pack, mm_packed. A layer runs one or the other for every call
-// of its steps and passes.)
+// (Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI or AVX2, and the 32-element types' on AVX-512 VNNI, run instead from
+// their weights packed at load, by an arithmetic of their own, stated with it below, the K-quants' the same on both:
+// pack, mm_packed. A layer runs one or the other for every call of its steps and passes.)
 //
 // Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type), so the SIMD paths may add them
 // in any order; every float operation is listed above, in that order, and the file is compiled with
@@ -2065,56 +2065,116 @@ constexpr int64_t HIGH5 = 512;
 constexpr int64_t PACKED_Q5K = PACKED_Q4K + HIGH5;
 constexpr int64_t PACKED_Q6K = 3072 + 256 + 32;
 
-// Q8_0 (AVX-512 VNNI only): its packed group is 32 elements of 16 weight rows, q + 128 [8][64] (quad t: 4 bytes of
-// each row at byte 4r), d [16] fp16: the file's 34 bytes a row and group
-constexpr int64_t PACKED_Q80 = 512 + 32;
+// The 32-element types (AVX-512 VNNI only): a packed group is 32 elements of 16 weight rows, the file's bytes a row
+// and group. The quants unsigned (Q8_0: q + 128; Q4_0, Q5_0: the file's q, whose value is q − 8 | 16):
+//   Q8_0         [8][64]: quad t (elements 4t .. 4t + 3), 4 bytes of each row at byte 4r
+//   Q4_x, Q5_x   [4][64]: vector t holds quad 2t in its low nibbles, quad 2t + 1 in its high ones (byte 4r + i)
+//   Q5_x         then hb [64]: bit k of byte 4r + i is bit 4 of quad k's byte i of row r
+// then d [16] fp16, and (Q4_1, Q5_1) m [16] fp16.
+constexpr bool type32(int64_t qtype) { return qtype == Q4_0 || qtype == Q4_1 || qtype == Q5_0 || qtype == Q5_1 || qtype == Q8_0; }
+constexpr bool five32(int64_t qtype) { return qtype == Q5_0 || qtype == Q5_1; }
+constexpr bool min32(int64_t qtype) { return qtype == Q4_1 || qtype == Q5_1; }
+constexpr int64_t d_at32(int64_t qtype) { return (qtype == Q8_0 ? 512 : 256) + (five32(qtype) ? 64 : 0); }
+constexpr int32_t offset32(int64_t qtype) { return qtype == Q8_0 ? 128 : qtype == Q4_0 ? 8 : qtype == Q5_0 ? 16 : 0; }
 
 constexpr int64_t packed_bytes(int qtype) {
-  return qtype == Q8_0 ? PACKED_Q80 : qtype == Q6_K ? PACKED_Q6K : qtype == Q5_K ? PACKED_Q5K : PACKED_Q4K;
+  return type32(qtype) ? d_at32(qtype) + (min32(qtype) ? 64 : 32)
+         : qtype == Q6_K ? PACKED_Q6K : qtype == Q5_K ? PACKED_Q5K : PACKED_Q4K;
 }
-constexpr int64_t packed_group(int qtype) { return qtype == Q8_0 ? 32 : 256; }  // a packed group's elements
-constexpr bool packable(int64_t qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || qtype == Q8_0; }
+constexpr int64_t packed_group(int qtype) { return type32(qtype) ? 32 : 256; }  // a packed group's elements
+constexpr bool packable(int64_t qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || type32(qtype); }
 constexpr int64_t high5(int qtype) { return qtype == Q5_K ? HIGH5 : 0; }  // Q4_K, Q5_K: where sc, m, d, dmin move
 
 void check_packed(const char* who, const torch::Tensor& p, int64_t qtype, int64_t N, int64_t K) {
   TORCH_CHECK(packable(qtype) && N % 16 == 0 && K % packed_group((int)qtype) == 0 &&
               p.scalar_type() == at::kByte && p.is_contiguous() &&
               p.numel() == N / 16 * (K / packed_group((int)qtype)) * packed_bytes((int)qtype),
-              who, ": packed must be pack()'s form of an [N, K] Q4_K, Q5_K, Q6_K or Q8_0 weight");
+              who, ": packed must be pack()'s form of an [N, K] Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 weight");
 }
 
-// Q8_0's rows [16·b0, 16·b1) into out [N / 16][K / 32][PACKED_Q80] (pack_rows), or back (unpack_rows)
-void pack_rows_q80(const uint8_t* w, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
-  const int64_t groups = K / 32;
+// A 32-element block's fields: where d, m, the fifth bits (qh) and the quants (qs) sit in the file
+struct Fields32 {
+  int d, m, qh, qs;
+};
+constexpr Fields32 fields32(int64_t qtype) {
+  return qtype == Q8_0 ? Fields32{0, -1, -1, 2} : qtype == Q4_0 ? Fields32{0, -1, -1, 2}
+         : qtype == Q4_1 ? Fields32{0, 2, -1, 4} : qtype == Q5_0 ? Fields32{0, -1, 2, 6} : Fields32{0, 2, 4, 8};
+}
+
+// A 32-element type's rows [16·b0, 16·b1) into out [N / 16][K / 32][packed_bytes] (pack_rows), or back (unpack_rows)
+void pack_rows32(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
+  const int64_t groups = K / 32, gb = packed_bytes(qtype), at = d_at32(qtype);
+  const int bb = format_of(qtype).block_bytes;
+  const Fields32 f = fields32(qtype);
   for (int64_t b = b0; b < b1; b++)
     for (int64_t g = 0; g < groups; g++) {
-      uint8_t* o = out + (b * groups + g) * PACKED_Q80;
+      uint8_t* o = out + (b * groups + g) * gb;
+      if (five32(qtype)) std::memset(o + 256, 0, 64);  // the fifth bits, or-ed in below
       for (int r = 0; r < 16; r++) {
-        const uint8_t* blk = w + (16 * b + r) * row_bytes + g * 34;
-        std::memcpy(o + 512 + 2 * r, blk, 2);
-        for (int t = 0; t < 8; t++)
-          for (int i = 0; i < 4; i++) o[64 * t + 4 * r + i] = (uint8_t)(blk[2 + 4 * t + i] ^ 0x80);  // q + 128
+        const uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
+        std::memcpy(o + at + 2 * r, blk + f.d, 2);
+        if (f.m >= 0) std::memcpy(o + at + 32 + 2 * r, blk + f.m, 2);
+        if (qtype == Q8_0) {
+          for (int t = 0; t < 8; t++)
+            for (int i = 0; i < 4; i++) o[64 * t + 4 * r + i] = (uint8_t)(blk[f.qs + 4 * t + i] ^ 0x80);  // q + 128
+          continue;
+        }
+        uint8_t q[32];  // the unsigned quants, element order (the file: element j and j + 16 share qs[j])
+        for (int j = 0; j < 16; j++) {
+          q[j] = blk[f.qs + j] & 15;
+          q[j + 16] = blk[f.qs + j] >> 4;
+        }
+        if (f.qh >= 0) {
+          uint32_t qh;
+          std::memcpy(&qh, blk + f.qh, 4);
+          for (int j = 0; j < 32; j++) q[j] |= (uint8_t)(((qh >> j) & 1) << 4);
+        }
+        for (int t = 0; t < 4; t++)
+          for (int i = 0; i < 4; i++) {
+            const uint8_t lo = q[8 * t + i], hi = q[8 * t + 4 + i];  // quads 2t and 2t + 1
+            o[64 * t + 4 * r + i] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+            if (f.qh >= 0) o[256 + 4 * r + i] |= (uint8_t)((lo >> 4) << (2 * t) | (hi >> 4) << (2 * t + 1));
+          }
       }
     }
 }
 
-void unpack_rows_q80(const uint8_t* pk, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* w) {
-  const int64_t groups = K / 32;
+void unpack_rows32(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* w) {
+  const int64_t groups = K / 32, gb = packed_bytes(qtype), at = d_at32(qtype);
+  const int bb = format_of(qtype).block_bytes;
+  const Fields32 f = fields32(qtype);
   for (int64_t b = b0; b < b1; b++)
     for (int64_t g = 0; g < groups; g++) {
-      const uint8_t* o = pk + (b * groups + g) * PACKED_Q80;
+      const uint8_t* o = pk + (b * groups + g) * gb;
       for (int r = 0; r < 16; r++) {
-        uint8_t* blk = w + (16 * b + r) * row_bytes + g * 34;
-        std::memcpy(blk, o + 512 + 2 * r, 2);
-        for (int t = 0; t < 8; t++)
-          for (int i = 0; i < 4; i++) blk[2 + 4 * t + i] = (uint8_t)(o[64 * t + 4 * r + i] ^ 0x80);
+        uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
+        std::memcpy(blk + f.d, o + at + 2 * r, 2);
+        if (f.m >= 0) std::memcpy(blk + f.m, o + at + 32 + 2 * r, 2);
+        if (qtype == Q8_0) {
+          for (int t = 0; t < 8; t++)
+            for (int i = 0; i < 4; i++) blk[f.qs + 4 * t + i] = (uint8_t)(o[64 * t + 4 * r + i] ^ 0x80);
+          continue;
+        }
+        uint8_t q[32];
+        for (int t = 0; t < 4; t++)
+          for (int i = 0; i < 4; i++) {
+            const uint8_t v = o[64 * t + 4 * r + i], h = f.qh >= 0 ? o[256 + 4 * r + i] : 0;
+            q[8 * t + i] = (uint8_t)((v & 15) | ((h >> (2 * t)) & 1) << 4);
+            q[8 * t + 4 + i] = (uint8_t)((v >> 4) | ((h >> (2 * t + 1)) & 1) << 4);
+          }
+        for (int j = 0; j < 16; j++) blk[f.qs + j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
+        if (f.qh >= 0) {
+          uint32_t qh = 0;
+          for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+          std::memcpy(blk + f.qh, &qh, 4);
+        }
       }
     }
 }
 
 // Rows [16·b0, 16·b1) of w into out [N / 16][K / 256][packed_bytes]; portable (a load's work)
 void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
-  if (qtype == Q8_0) return pack_rows_q80(w, K, row_bytes, b0, b1, out);
+  if (type32(qtype)) return pack_rows32(w, qtype, K, row_bytes, b0, b1, out);
   const int64_t groups = K / 256, gb = packed_bytes(qtype);
   const int bb = format_of(qtype).block_bytes;
   uint8_t u[16][256];
@@ -2162,7 +2222,7 @@ void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_
 // The file's blocks of rows [16·b0, 16·b1) back from pack_rows' form (bit for bit: pack keeps every bit of a block);
 // portable (a load's or a subset head's work, not a step's)
 void unpack_rows(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* w) {
-  if (qtype == Q8_0) return unpack_rows_q80(pk, K, row_bytes, b0, b1, w);
+  if (type32(qtype)) return unpack_rows32(pk, qtype, K, row_bytes, b0, b1, w);
   const int64_t groups = K / 256, gb = packed_bytes(qtype);
   const int bb = format_of(qtype).block_bytes;
   uint8_t u[256], q[256];
@@ -2462,17 +2522,19 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
     }
 }
 
-// Q8_0's steps and passes on AVX-512 VNNI, from its packed form (PACKED_Q80): the K-quants' tile with 32-element
+// The 32-element types' steps and passes on AVX-512 VNNI, from their packed form: the K-quants' tile with 32-element
 // groups. x is quantized to int8 per 32 elements (not mm's int16: vpdpbusd takes bytes), in natural order. The
 // arithmetic, for one output:
 //   x        per group g of 32: amax = max|x|, inv = 127 / amax, xq_i = rint(x_i · inv) (±127 at most),
 //            dx_g = amax / 127 (0 where amax is), xs_g = Σ xq_i
-//   a group  ia = Σ (q_i + 128)·xq_i − 128·xs_g = Σ q_i·xq_i, int32, exact;  acc = fma(float(ia), d·dx_g, acc)
-//            (d·dx_g one fp32 multiplication)
+//   a group  ia = Σ u_i·xq_i − o·xs_g = Σ w_i·xq_i, int32, exact (u the unsigned quant, w = u − o its value's integer:
+//            o = 128 for Q8_0, 8 for Q4_0, 16 for Q5_0, 0 for Q4_1 and Q5_1);
+//            acc = fma(float(ia), d·dx_g, acc) (d·dx_g one fp32 multiplication);
+//            Q4_1, Q5_1: acc = fma(m, xsd_g, acc) with xsd_g = float(xs_g) · dx_g
 //   y        acc (+ bias), rounded once to the output dtype
-// Groups in order. off: −128·xs_g per row and group; c.dx: dx_g.
+// Groups in order. off: −o·xs_g per row and group; c.dx: dx_g; c.xsd: xsd_g (Q4_1, Q5_1).
 template <typename T>
-VNNI_FN void quantize_row_q80_avx512(const T* x, int64_t K, int8_t* xq, float* dx, int32_t* off) {
+VNNI_FN void quantize_row32_avx512(const T* x, int64_t K, int32_t o, int8_t* xq, float* dx, int32_t* off, float* xsd) {
   const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
   for (int64_t g = 0; g < K / 32; g++) {
     __m512 v[2];
@@ -2489,34 +2551,57 @@ VNNI_FN void quantize_row_q80_avx512(const T* x, int64_t K, int8_t* xq, float* d
       q[h] = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[h], iv)), lim), nlim);
       _mm_storeu_si128((__m128i*)(xq + g * 32 + 16 * h), _mm512_cvtepi32_epi8(q[h]));
     }
-    off[g] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+    const int32_t xs = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+    off[g] = -o * xs;
+    if (xsd) xsd[g] = (float)xs * dx[g];
   }
 }
 
-template <int R, typename O>
-VNNI_FN void packed_tile_q80(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off, int64_t m0,
-                             int64_t b, O* y) {
+// ia[r] += w · the 4 bytes of row r's x at `at`, for each of R rows
+template <int R>
+VNNI_FN inline __attribute__((always_inline)) void dot_rows(__m512i* ia, __m512i w, const uint8_t* const* xr, int64_t at) {
+  for (int r = 0; r < R; r++) {
+    int32_t xv;
+    std::memcpy(&xv, xr[r] + at, 4);
+    ia[r] = _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(xv));
+  }
+}
+
+template <int QT, int R, typename O>
+VNNI_FN void packed_tile32(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off, int64_t m0,
+                           int64_t b, O* y) {
+  constexpr int64_t GB = packed_bytes(QT), AT = d_at32(QT);
   const int64_t groups = c.K / 32;
+  const __m512i lo4 = _mm512_set1_epi8(15);
   __m512 acc[R];
   for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
   const uint8_t* xr[R];
   for (int r = 0; r < R; r++) xr[r] = xs + (m0 + r) * c.K;
-  const uint8_t* o = pk + b * groups * PACKED_Q80;
-  for (int64_t g = 0; g < groups; g++, o += PACKED_Q80) {
-    for (int64_t p = 0; p < PACKED_Q80; p += 64) _mm_prefetch((const char*)(o + PREFETCH_BYTES + p), _MM_HINT_T0);
+  const uint8_t* o = pk + b * groups * GB;
+  for (int64_t g = 0; g < groups; g++, o += GB) {
+    for (int64_t p = 0; p < GB; p += 64) _mm_prefetch((const char*)(o + PREFETCH_BYTES + p), _MM_HINT_T0);
     __m512i ia[R];
     for (int r = 0; r < R; r++) ia[r] = _mm512_set1_epi32(off[(m0 + r) * groups + g]);
-    for (int t = 0; t < 8; t++) {
-      const __m512i w = _mm512_loadu_si512(o + 64 * t);
-      for (int r = 0; r < R; r++) {
-        int32_t xv;
-        std::memcpy(&xv, xr[r] + g * 32 + 4 * t, 4);
-        ia[r] = _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(xv));
+    if constexpr (QT == Q8_0) {
+      for (int t = 0; t < 8; t++) dot_rows<R>(ia, _mm512_loadu_si512(o + 64 * t), xr, g * 32 + 4 * t);
+    } else {
+      __m512i hb = _mm512_setzero_si512();
+      if constexpr (five32(QT)) hb = _mm512_loadu_si512(o + 256);
+      for (int t = 0; t < 4; t++) {
+        const __m512i v = _mm512_loadu_si512(o + 64 * t);
+        __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        if constexpr (five32(QT)) fifth_bits(hb, w0, w1);
+        dot_rows<R>(ia, w0, xr, g * 32 + 8 * t);
+        dot_rows<R>(ia, w1, xr, g * 32 + 8 * t + 4);
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + 512)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + AT)));
     for (int r = 0; r < R; r++)
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_mul_ps(d, _mm512_set1_ps(c.dx[(m0 + r) * groups + g])), acc[r]);
+    if constexpr (min32(QT)) {
+      const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + AT + 32)));
+      for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.xsd[(m0 + r) * groups + g]), acc[r]);
+    }
   }
   for (int r = 0; r < R; r++) {
     __m512 v = acc[r];
@@ -2538,7 +2623,7 @@ void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const in
     for (int64_t t = 0, m = 0; t < tiles; t++) {
       const int64_t rows = (c.M - m) / (tiles - t) + ((c.M - m) % (tiles - t) ? 1 : 0);
       auto tile = [&](auto r) {
-        if constexpr (QT == Q8_0) packed_tile_q80<decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
+        if constexpr (type32(QT)) packed_tile32<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
         else if constexpr (WIDE) packed_tile<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
         else packed_tile_avx2<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
       };
@@ -2658,10 +2743,10 @@ AVX2_FN void unpack16_avx2(const Call& c, const uint8_t* pk, int64_t b, Packed& 
 }
 #endif  // QMM_X86
 
-// The packed form of w [N, row_bytes] (Q4_K, Q5_K, Q6_K or Q8_0, N a multiple of 16): [N / 16, K / G, packed_bytes] uint8
+// The packed form of w [N, row_bytes] (the K-quants and the 32-element types, N a multiple of 16): [N / 16, K / G, packed_bytes] uint8
 // (G: packed_group)
 torch::Tensor pack(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
-  TORCH_CHECK(packable(qtype), "qmatmul.pack: Q4_K, Q5_K, Q6_K or Q8_0 only");
+  TORCH_CHECK(packable(qtype), "qmatmul.pack: the K-quants and the 32-element types only");
   const int64_t G = packed_group((int)qtype);
   TORCH_CHECK(N % 16 == 0 && K % G == 0, "qmatmul.pack: N must be a multiple of 16, K of ", G);
   const int64_t row_bytes = K / format_of(qtype).G * format_of(qtype).block_bytes;
@@ -2699,30 +2784,33 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
                         c10::optional<torch::Tensor> bias, int64_t path) {
   const Operands o = operands("qmatmul.mm_packed", x, packed, qtype, N, K, bias, true);
   const bool wide = simd_path("qmatmul.mm_packed", path) == AVX512VNNI;
-  const bool q80 = qtype == Q8_0;
-  TORCH_CHECK(wide || !q80, "qmatmul.mm_packed: Q8_0's packed kernel needs AVX-512 VNNI");
+  const bool q32 = type32(qtype);
+  TORCH_CHECK(wide || !q32, "qmatmul.mm_packed: the packed kernel of a 32-element type needs AVX-512 VNNI");
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());
   if (M == 0 || N == 0) return out;
   std::vector<int8_t> xq8(M * K);
-  std::vector<float> dx(M * (K / packed_group((int)qtype))), xsd(q80 ? 0 : M * s16(K));
+  std::vector<float> dx(M * (K / packed_group((int)qtype))), xsd(q32 ? (min32(qtype) ? M * (K / 32) : 0) : M * s16(K));
   Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
          o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
-  // Q6_K: −32 · Σ x per 16 (its slots), the offset's; Q8_0: −128 · Σ x per 32
-  std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : q80 ? M * (K / 32) : 0);
+  // Q6_K: −32 · Σ x per 16 (its slots), the offset's; the 32-element types: −o · Σ x per 32
+  std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : q32 ? M * (K / 32) : 0);
 #if QMM_X86
-  if (q80) {
+  if (q32) {
     at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; m++) {
+        float* xsdm = min32(qtype) ? xsd.data() + m * (K / 32) : nullptr;
         if (o.x.scalar_type() == at::kFloat)
-          quantize_row_q80_avx512<float>(o.x.data_ptr<float>() + m * K, K, xq8.data() + m * K, dx.data() + m * (K / 32), off16.data() + m * (K / 32));
+          quantize_row32_avx512<float>(o.x.data_ptr<float>() + m * K, K, offset32(qtype), xq8.data() + m * K,
+                                       dx.data() + m * (K / 32), off16.data() + m * (K / 32), xsdm);
         else
-          quantize_row_q80_avx512<c10::BFloat16>(o.x.data_ptr<c10::BFloat16>() + m * K, K, xq8.data() + m * K, dx.data() + m * (K / 32), off16.data() + m * (K / 32));
+          quantize_row32_avx512<c10::BFloat16>(o.x.data_ptr<c10::BFloat16>() + m * K, K, offset32(qtype),
+                                               xq8.data() + m * K, dx.data() + m * (K / 32), off16.data() + m * (K / 32), xsdm);
       }
     });
   }
 #endif
-  if (!q80) {
+  if (!q32) {
     quantize_rows(o.x, c, wide ? AVX512VNNI : AVX2, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
     for (int64_t i = 0; i < (int64_t)off16.size(); i++) {
       int32_t t = 0;
@@ -2736,7 +2824,11 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
     chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
-      if (q80) packed_blocks<Q8_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
+      if (qtype == Q8_0) packed_blocks<Q8_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q4_0) packed_blocks<Q4_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q4_1) packed_blocks<Q4_1, O, true>(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q5_0) packed_blocks<Q5_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q5_1) packed_blocks<Q5_1, O, true>(c, pk, xs, off16.data(), b0, b1, y);
       else if (qtype == Q6_K) (wide ? packed_blocks<Q6_K, O, true> : packed_blocks<Q6_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else if (qtype == Q5_K) (wide ? packed_blocks<Q5_K, O, true> : packed_blocks<Q5_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else (wide ? packed_blocks<Q4_K, O, true> : packed_blocks<Q4_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
@@ -2801,7 +2893,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm_prompt", &mm_prompt, "a prompt's product (Q4_K, Q5_K, Q6_K; AVX-512 VNNI or AVX2)", py::arg("x"),
         py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("packed") = py::none(),
         py::arg("path") = 0);
-  m.def("pack", &pack, "the packed form of Q4_K / Q5_K / Q6_K / Q8_0 weights, for mm_packed");
+  m.def("pack", &pack, "the packed form of K-quant and 32-element weights, for mm_packed");
   m.def("unpack", &unpack, "the file's blocks back from pack's form");
   m.def("mm_packed", &mm_packed, "y = x · Wᵀ (+ bias) from pack's form (AVX-512 VNNI or AVX2)", py::arg("x"),
         py::arg("packed"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("bias"), py::arg("path") = 0);

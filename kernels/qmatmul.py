@@ -2,9 +2,9 @@
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
     dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
-    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2, Q8_0 on AVX-512 VNNI: steps and passes from weights
-                  packed once (pack), the cost nearly flat in the rows of a pass (AVX-512 VNNI; AVX2: about twice a
-                  step at 9 rows)
+    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2, Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 on AVX-512 VNNI: steps
+                  and passes from weights packed once (pack), the cost nearly flat in the rows of a pass (AVX-512
+                  VNNI; AVX2: about twice a step at 9 rows)
     prompt_mm     a prompt's product of the K-quants (AVX-512 VNNI or AVX2)
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
@@ -98,12 +98,13 @@ def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | 
 
 
 PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's on AVX-512 VNNI and AVX2: Q4_K_M and Q5_K_M files'
-PACKED_WIDE_TYPES = ("q8_0",)  # ... on AVX-512 VNNI only (its own tile; on AVX2 the blocks as they are)
+PACKED_WIDE_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # ... on AVX-512 VNNI only (the 32-element types' own
+#                                                             tile; on AVX2 the blocks as they are)
 
 
 def packs(qtype, N: int) -> bool:
     """Whether a weight of this type and N outputs runs from pack()'s form here: N a multiple of 16, the kernel built,
-    Q4_K, Q5_K or Q6_K on a CPU with AVX-512 VNNI or AVX2 (prompt_runs), Q8_0 with AVX-512 VNNI."""
+    Q4_K, Q5_K or Q6_K on a CPU with AVX-512 VNNI or AVX2 (prompt_runs), the 32-element types with AVX-512 VNNI."""
     name = gb.type_name(qtype)
     if N % 16 or not prompt_runs():
         return False
@@ -111,7 +112,7 @@ def packs(qtype, N: int) -> bool:
 
 
 def packed_group(qtype) -> int:
-    """The elements of one packed group along K: 32 for Q8_0, 256 for the K-quants."""
+    """The elements of one packed group along K: 32 for the 32-element types, 256 for the K-quants."""
     return 32 if gb.type_name(qtype) in PACKED_WIDE_TYPES else 256
 
 
@@ -130,8 +131,8 @@ def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
               bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
     """x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype (fp32 and bf16; others through fp32), from pack()'s form:
     steps and passes (any number of rows), each row computed alike whatever the others, and alike on either path
-    (qmatmul.cpp; Q8_0: AVX-512 VNNI only, x quantized to int8 per 32). path: 'avx512', 'avx2' (tests), default the
-    best here."""
+    (qmatmul.cpp; the 32-element types: AVX-512 VNNI only, x quantized to int8 per 32). path: 'avx512', 'avx2'
+    (tests), default the best here."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         return packed_mm(x.float(), packed, qtype, N, K, bias, path).to(x.dtype)
     return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias, _simd(path))

@@ -316,7 +316,8 @@ def test_the_prompt_kernel_is_the_quantized_product(name, path):
 
 # each type's quant bytes (offsets in a block) and the value that makes every quant its largest magnitude
 EXTREME_QUANTS = {"q4_k": [(16, 144, 0xFF)], "q5_k": [(16, 176, 0xFF)], "q6_k": [(0, 192, 0x00)],  # 15, 31, −32
-                  "q8_0": [(2, 34, 0x80)]}  # −128
+                  "q8_0": [(2, 34, 0x80)], "q4_0": [(2, 18, 0x00)], "q4_1": [(4, 20, 0xFF)],  # −128, −8, 15
+                  "q5_0": [(2, 22, 0x00)], "q5_1": [(4, 24, 0xFF)]}  # −16, 31
 
 
 @pytest.mark.parametrize("path", SIMD)
@@ -417,17 +418,18 @@ def test_the_packed_kernel_gives_the_same_bits_on_avx2_and_avx512(name):
 def test_the_packed_form_is_made_only_where_it_runs(monkeypatch):
     assert ("packed" in qmatmul.backend_line()) == qmatmul.packs("q4_k", 16) == qmatmul.prompt_runs()
     assert not qmatmul.packs("q4_k", 40) and not qmatmul.packs("q8_0", 40)  # N not a multiple of 16
-    assert not qmatmul.packs("q4_0", 32) and not qmatmul.packs("q5_0", 32)  # no packed form
     ext = qmatmul.extension()
     avx2 = ext is not None and ext.best_path() >= qmatmul.PATHS["avx2"]
     vnni = ext is not None and ext.best_path() == qmatmul.PATHS["avx512"]
-    assert qmatmul.packs("q8_0", 32) == vnni == ("Q8_0" in qmatmul.backend_line())  # its tile is AVX-512 VNNI's
+    for name in qmatmul.PACKED_WIDE_TYPES:  # their tile is AVX-512 VNNI's
+        assert qmatmul.packs(name, 32) == vnni == (name.upper() in qmatmul.backend_line())
     monkeypatch.setenv("SPECDEC_QMATMUL", "avx2")  # as on an AVX2 CPU: packed where that runs
     assert qmatmul.packs("q4_k", 32) == avx2 == ("packed" in qmatmul.backend_line())
-    assert not qmatmul.packs("q8_0", 32) and "Q8_0" not in qmatmul.backend_line()
+    for name in qmatmul.PACKED_WIDE_TYPES:
+        assert not qmatmul.packs(name, 32) and name.upper() not in qmatmul.backend_line()
     for path in ("portable", "torch"):  # as on a CPU without AVX2, or the twin: the blocks as they are
         monkeypatch.setenv("SPECDEC_QMATMUL", path)
-        assert not qmatmul.packs("q4_k", 32) and not qmatmul.packs("q8_0", 32)
+        assert not any(qmatmul.packs(name, 32) for name in qmatmul.PACKED_TYPES + qmatmul.PACKED_WIDE_TYPES)
         assert "packed" not in qmatmul.backend_line()
 
 
@@ -478,36 +480,51 @@ def _int8_per_32(x):
     return xq.reshape(x.shape), (amax / 127.0).squeeze(-1)
 
 
-@pytest.mark.parametrize("extreme", [None, 0x80, 0x7F])  # random quants; every one −128; every one 127
-def test_the_q8_0_packed_kernel_is_the_int8_product(extreme):
-    """Q8_0's packed kernel (AVX-512 VNNI) quantizes x to int8 per 32 and differs from the exact product of those
-    integers and the file's weights only in its fp32 operations: per group d·dx and one fma into the sum (2⁻²³, twice
-    the unit, on the magnitude of each term, for each of the groups' roundings after it), the bias, the output. The
-    quants at their ends and x at ±127: q + 128 from 0 to 255 times ±127, 32 of them, and the −128·Σx start, exact in
-    int32. Its AVX2 path refuses it in one line (no such tile there)."""
+# the 32-element types' quant bytes at their ends: every unsigned quant 0 (the value's integer −o: Q8_0 −128, Q4_0 −8,
+# Q5_0 −16; Q4_1, Q5_1 0), or every one its largest (Q8_0 127, Q4_0 7, Q5_0 15; Q4_1 15, Q5_1 31)
+QUANT_BYTES_32 = {"q8_0": [(2, 34, 0x80, 0x7F)], "q4_0": [(2, 18, 0x00, 0xFF)], "q4_1": [(4, 20, 0x00, 0xFF)],
+                  "q5_0": [(2, 22, 0x00, 0xFF)], "q5_1": [(4, 24, 0x00, 0xFF)]}
+
+
+@pytest.mark.parametrize("ends", [None, "low", "high"])
+@pytest.mark.parametrize("name", qmatmul.PACKED_WIDE_TYPES)
+def test_the_32_element_packed_kernel_is_the_int8_product(name, ends):
+    """The 32-element types' packed kernel (AVX-512 VNNI) quantizes x to int8 per 32 and differs from the exact
+    product of those integers and the file's weights only in its fp32 operations: per group d·dx and one fma into the
+    sum, Q4_1 / Q5_1 one more for m · xsd (xsd = Σxq · dx, one rounding), the bias, the output: 2⁻²³ (twice the unit)
+    on the magnitude of each term for each of the roundings after it. The packed form holds the file's bytes. The
+    quants at their ends and x at ±127: the unsigned quants times ±127, 32 of them, and the −o·Σx start, exact in
+    int32. The AVX2 path refuses these types in one line (no such tile there)."""
     simd_here("avx512")
     N, K = 48, 768
-    blocks = gb.random_blocks("q8_0", N, K, seed=8)
-    if extreme is not None:
-        blocks = blocks.reshape(N, K // 32, 34).clone()
-        blocks[..., 2:] = extreme
+    blocks = gb.random_blocks(name, N, K, seed=8)
+    if ends is not None:
+        blocks = blocks.reshape(N, K // 32, -1).clone()
+        for a, b, low, high in QUANT_BYTES_32[name]:
+            blocks[..., a:b] = low if ends == "low" else high
         blocks = blocks.reshape(N, -1)
-    packed = qmatmul.pack(blocks, "q8_0", N, K)
-    assert packed.shape == (N // 16, K // 32, 544) and packed.numel() == blocks.numel()  # the file's bytes
+    packed = qmatmul.pack(blocks, name, N, K)
+    assert packed.shape[:2] == (N // 16, K // 32) and packed.numel() == blocks.numel()  # the file's bytes
     bias = torch.randn(N)
     x = torch.randn(37, K, generator=torch.Generator().manual_seed(1))
     x[:, 9] *= 40
-    if extreme is not None:
+    if ends is not None:
         x = torch.full((37, K), 1.0)
         x[1::2] *= -3.0
     xq, dx = _int8_per_32(x)
     dxk = dx.double().repeat_interleave(32, 1)
-    w = gb.dequantize("q8_0", blocks, N, K).double()
+    w = gb.dequantize(name, blocks, N, K).double()
     want = (xq.double() * dxk) @ w.T + bias.double()
-    tol = (K // 32 + 3) * 2.0**-23 * ((xq.double().abs() * dxk) @ w.abs().T + bias.double().abs())
+    size = w.abs()
+    if name in ("q4_1", "q5_1"):  # |d·q| + |m| bounds each part of d·q + m: m alone, with d = 0
+        no_d = blocks.reshape(N, K // 32, -1).clone()
+        no_d[..., 0:2] = 0
+        m = gb.dequantize(name, no_d.reshape(N, -1), N, K).double().abs()
+        size = (w - m).abs() + 2 * m
+    tol = (2 * (K // 32) + 3) * 2.0**-23 * ((xq.double().abs() * dxk) @ size.T + bias.double().abs())
     for M in (37, 10, 9, 2, 1):
-        got = qmatmul.packed_mm(x[:M], packed, "q8_0", N, K, bias)
+        got = qmatmul.packed_mm(x[:M], packed, name, N, K, bias)
         assert got.dtype == torch.float32 and got.shape == (M, N)
         assert ((got.double() - want[:M]).abs() <= tol[:M]).all(), (M, ((got.double() - want[:M]).abs() / tol[:M]).max())
     with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
-        qmatmul.packed_mm(x[:2], packed, "q8_0", N, K, bias, path="avx2")
+        qmatmul.packed_mm(x[:2], packed, name, N, K, bias, path="avx2")
