@@ -2,9 +2,10 @@
 Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
 A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
 runs (the K-quants on AVX-512 VNNI or AVX2: activations quantized as the steps quantize them), else multiplies the
-same weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers there, and of Q8_0 layers with
-AVX-512 VNNI, run from the weights packed once at load (GgufLinear.pack, qmatmul.packed_mm; the blocks then let go;
-a Q8_0 prompt runs there too): a 9-row pass then costs little more than a step (AVX2: about two).
+same weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers there, and of the 32-element
+types' (Q8_0, Q4_0/1, Q5_0/1) with AVX-512 VNNI, run from the weights packed once at load (GgufLinear.pack,
+qmatmul.packed_mm; the blocks then let go; the 32-element types' prompts run there too): a 9-row pass then costs
+little more than a step (AVX2: about two).
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     join                layers that read the same input (q, k, v; gate, up) laid side by side in one buffer, and the
@@ -17,7 +18,7 @@ Each row of a call computes alike whatever the other rows (kernels/qmatmul.cpp),
 multi-token pass gives every token the bits of a one-token step, and greedy speculative output is the
 autoregressive output of this model. It is the model the file means (weights exact; activations rounded inside each
 product, to int8 per group of 256 for the K-quants as llama.cpp does, to int16 per 32 for the others), not the
-bf16-dequantized one: its logits differ from that one's slightly (Q8_0 from the packed form: int8 per 32).
+bf16-dequantized one: its logits differ from that one's slightly (the 32-element types packed: int8 per 32).
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ class GgufLinear(nn.Module):
 
     def pack(self) -> GgufLinear:
         """Hold the weights in qmatmul's packed form instead of the blocks where its kernel runs here (qmatmul.packs:
-        Q4_K, Q5_K, Q6_K on AVX-512 VNNI or AVX2, Q8_0 on AVX-512 VNNI): steps, passes and the prompt then run from
-        it, a pass's cost nearly flat in its rows. Returns self."""
+        Q4_K, Q5_K, Q6_K on AVX-512 VNNI or AVX2, the 32-element types on AVX-512 VNNI): steps, passes and the prompt
+        then run from it, a pass's cost nearly flat in its rows. Returns self."""
         if self.packed is None and qmatmul.packs(self.qtype, self.out_features):
             self.hold_packed(qmatmul.pack(self.blocks, self.qtype, self.out_features, self.in_features))
         return self
@@ -112,13 +113,13 @@ class GgufLinear(nn.Module):
         return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
 
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
-        """x · Wᵀ + b by the prompt kernel, else (Q8_0) by the packed one, else as a dense product in x's dtype,
-        PREFILL_TILE output rows at a time."""
+        """x · Wᵀ + b by the prompt kernel, else (the 32-element types) by the packed one, else as a dense product in
+        x's dtype, PREFILL_TILE output rows at a time."""
         y = qmatmul.prompt_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias, self.packed)
         if y is not None:
             return y
-        if self.packed is not None:  # no prompt kernel of its type (Q8_0): its steps' (501 rows: 0.7-0.8x the time
-            # of the dense bf16 product of its dequantized weights, AMD EPYC Zen 5)
+        if self.packed is not None:  # no prompt kernel of its type (32 elements): its steps' (501 rows of Q8_0:
+            # 0.7-0.8x the time of the dense bf16 product of its dequantized weights, AMD EPYC Zen 5)
             return qmatmul.packed_mm(x, self.packed, self.qtype, self.out_features, self.in_features, self.bias)
         out = []
         into = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32  # what dequantize writes
