@@ -214,7 +214,9 @@ class DecodeOptions:
 # (the day after), 18.9 / 17.2 against 15.7 / 15.3 in two runs (the model draft, whose rows are not K-quants, only
 # costlier beside the faster target: not measured again). Again with both driven by decoding/llama_like (the sixth
 # session, benchmarks/summarize-draft-llama-like.json): lookup 1.23x the target alone, lookup+embedded 0.97x, the
-# model draft 0.84x (its step 0.6 of the target's, acceptance 0.80-0.88).
+# model draft 0.84x (its step 0.6 of the target's, acceptance 0.80-0.88). With the draft's 32-element layers packed
+# (the thirty-fifth session, benchmarks/summarize-drafts-zen5-s35.json): lookup 1.50x, lookup+embedded 1.27x, the model
+# draft 1.06x (their decoding 2.01 / 1.98 / 1.34x; a model draft also reads the prompt, 0.35 s an article).
 # The model draft's options (draft_vocab, draft_stop, int8) stay what was best for it: they apply to --draft
 # embedded and lookup+embedded.
 @dataclass(frozen=True)
