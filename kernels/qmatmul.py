@@ -108,7 +108,10 @@ def packs(qtype, N: int) -> bool:
     name = gb.type_name(qtype)
     if N % 16 or not prompt_runs():
         return False
-    return name in PACKED_TYPES or (name in PACKED_WIDE_TYPES and (_simd(None) or extension().best_path()) == PATHS["avx512"])
+    if name in PACKED_TYPES:
+        return True
+    vnni = (_simd(None) or extension().best_path()) == PATHS["avx512"]  # here, and not held to AVX2
+    return name in PACKED_WIDE_TYPES and vnni
 
 
 def packed_group(qtype) -> int:

@@ -54,15 +54,16 @@ def test_gguf_linear_is_the_blocks_product():
         GgufLinear(blocks[:, :-1], "q4_k", K, N)
 
 
-def test_rows_of_a_packed_layer():
+@pytest.mark.parametrize("qtype", ["q6_k", "q8_0"])
+def test_rows_of_a_packed_layer(qtype):
     """A subset head of a layer held packed: its rows' blocks are the file's (only the 16-row groups holding them
     unpacked), its products the full layer's columns bit for bit; whole groups in order are taken packed as they are."""
     N, K = 96, 512
-    blocks = gb.random_blocks("q6_k", N, K, seed=5)
+    blocks = gb.random_blocks(qtype, N, K, seed=5)
     bias = torch.randn(N)
-    layer = GgufLinear(blocks, "q6_k", K, N, bias).pack()
+    layer = GgufLinear(blocks, qtype, K, N, bias).pack()
     if layer.packed is None:
-        pytest.skip("the packed kernel runs on AVX-512 VNNI")
+        pytest.skip(f"the packed kernel of {qtype} does not run here")
     x = torch.randn(1, 3, K, dtype=torch.bfloat16)
     y = layer(x)
     for ids in (torch.tensor([70, 3, 0, 95, 17]), torch.arange(48), torch.arange(16, 48)):
@@ -72,7 +73,26 @@ def test_rows_of_a_packed_layer():
     whole = layer.rows(torch.arange(16, 48))
     assert whole.blocks is None and torch.equal(whole.packed, layer.packed[1:3])  # not unpacked
     with pytest.raises(ValueError, match="packed form"):
-        GgufLinear(None, "q6_k", K, 40, packed=layer.packed[:2])
+        GgufLinear(None, qtype, K, 40, packed=layer.packed[:2])
+
+
+@pytest.mark.parametrize("qtype", ["q4_k", "q8_0"])
+def test_a_layer_of_any_rows_runs_packed(qtype):
+    """Rows not a multiple of 16 (an output layer of 50 257 ids, a subset head's) are packed with zero rows up to
+    whole groups of 16, their outputs dropped: each output has the bits of the same row in a layer of whole groups, in
+    a step, a pass and a prompt, and the blocks come back exactly."""
+    K = 512
+    blocks = gb.random_blocks(qtype, 48, K, seed=7)
+    bias = torch.randn(48)
+    whole = GgufLinear(blocks, qtype, K, 48, bias).pack()
+    part = GgufLinear(blocks[:40].clone(), qtype, K, 40, bias[:40]).pack()
+    if part.packed is None:
+        pytest.skip(f"the packed kernel of {qtype} does not run here")
+    assert part.packed.shape[0] == 3 and torch.equal(part.file_blocks(), blocks[:40])
+    for T in (1, 9, 30):  # a step, a pass, a prompt
+        x = torch.randn(1, T, K, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
+        got = part(x)
+        assert got.shape == (1, T, 40) and got.is_contiguous() and torch.equal(got, whole(x)[..., :40]), T
 
 
 @pytest.fixture(scope="module")

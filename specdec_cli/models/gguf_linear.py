@@ -57,6 +57,11 @@ def _scratch(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     return flat[: rows * cols].view(rows, cols)
 
 
+def _padded(rows: int) -> int:
+    """The rows of a layer's packed form: whole groups of 16."""
+    return -(-rows // 16) * 16
+
+
 class GgufLinear(nn.Module):
     """y = x · Wᵀ + b with W [out, in] in its GGUF blocks. `weight` is a meta tensor: its shape and dtype, no values
     (dequantized() gives them)."""
@@ -68,16 +73,17 @@ class GgufLinear(nn.Module):
     def __init__(self, blocks: torch.Tensor | None, qtype: str, in_features: int, out_features: int,
                  bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
                  packed: torch.Tensor | None = None):
-        """blocks [out, row_bytes] uint8, or None with `packed`: qmatmul.pack's form of them, held instead."""
+        """blocks [out, row_bytes] uint8, or None with `packed`: qmatmul.pack's form of them (their rows padded to a
+        multiple of 16, _padded), held instead."""
         super().__init__()
         self.qtype = gguf_blocks.type_name(qtype)
         self.in_features, self.out_features = in_features, out_features
         want = (out_features, gguf_blocks.row_bytes(self.qtype, in_features))
         if packed is not None:
-            groups = in_features // qmatmul.packed_group(self.qtype)
-            if blocks is not None or tuple(packed.shape[:2]) != (out_features // 16, groups) or out_features % 16:
+            shape = (_padded(out_features) // 16, in_features // qmatmul.packed_group(self.qtype))
+            if blocks is not None or tuple(packed.shape[:2]) != shape:
                 raise ValueError(f"the packed form of a [{out_features}, {in_features}] weight is "
-                                 f"[{out_features // 16}, {groups}, bytes], without blocks")
+                                 f"[{shape[0]}, {shape[1]}, bytes], without blocks")
         elif blocks is None or tuple(blocks.shape) != want or blocks.dtype != torch.uint8:
             raise ValueError(f"{self.qtype} blocks of a [{out_features}, {in_features}] weight must be uint8 {want}, "
                              f"not {None if blocks is None else (blocks.dtype, tuple(blocks.shape))}")
@@ -90,8 +96,12 @@ class GgufLinear(nn.Module):
         """Hold the weights in qmatmul's packed form instead of the blocks where its kernel runs here (qmatmul.packs:
         Q4_K, Q5_K, Q6_K on AVX-512 VNNI or AVX2, the 32-element types on AVX-512 VNNI): steps, passes and the prompt
         then run from it, a pass's cost nearly flat in its rows. Returns self."""
-        if self.packed is None and qmatmul.packs(self.qtype, self.out_features):
-            self.hold_packed(qmatmul.pack(self.blocks, self.qtype, self.out_features, self.in_features))
+        n = _padded(self.out_features)
+        if self.packed is None and qmatmul.packs(self.qtype, n):
+            blocks = self.blocks
+            if n > self.out_features:  # zero rows (d = 0: outputs 0) to whole groups of 16; their outputs dropped
+                blocks = torch.cat([blocks, blocks.new_zeros(n - self.out_features, blocks.shape[1])])
+            self.hold_packed(qmatmul.pack(blocks, self.qtype, n, self.in_features))
         return self
 
     def hold_packed(self, packed: torch.Tensor) -> None:
@@ -103,24 +113,34 @@ class GgufLinear(nn.Module):
         """The file's blocks [out, row_bytes] uint8: held, else rebuilt from the packed form (a copy)."""
         if self.blocks is not None:
             return self.blocks
-        return qmatmul.unpack(self.packed, self.qtype, self.out_features, self.in_features)
+        return qmatmul.unpack(self.packed, self.qtype, _padded(self.out_features), self.in_features)[: self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() >= 2 and x.shape[-2] > PREFILL_TOKENS:  # [.., T, in] with T past any pass: a prefill
             return self.prefill(x)
         if self.packed is not None:
-            return qmatmul.packed_mm(x, self.packed, self.qtype, self.out_features, self.in_features, self.bias)
+            return self._from_packed(x, prompt=False)
         return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
 
+    def _from_packed(self, x: torch.Tensor, prompt: bool) -> torch.Tensor:
+        """x · Wᵀ + b from the packed form: a prompt by the prompt kernel where its type has one (the K-quants), else
+        (a step, a pass, the 32-element types' prompts: 501 rows of Q8_0 in 0.7-0.8x the time of the dense bf16
+        product of its dequantized weights, AMD EPYC Zen 5) by the packed kernel; the padding rows' outputs dropped."""
+        N, n, K = self.out_features, _padded(self.out_features), self.in_features
+        bias = self.bias if self.bias is None or n == N else torch.cat([self.bias, self.bias.new_zeros(n - N)])
+        y = qmatmul.prompt_mm(x, None, self.qtype, n, K, bias, self.packed) if prompt else None
+        if y is None:
+            y = qmatmul.packed_mm(x, self.packed, self.qtype, n, K, bias)
+        return y if n == N else y[..., :N].contiguous()
+
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
-        """x · Wᵀ + b by the prompt kernel, else (the 32-element types) by the packed one, else as a dense product in
-        x's dtype, PREFILL_TILE output rows at a time."""
-        y = qmatmul.prompt_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias, self.packed)
+        """x · Wᵀ + b from the packed form where held, else by the prompt kernel, else as a dense product in x's
+        dtype, PREFILL_TILE output rows at a time."""
+        if self.packed is not None:
+            return self._from_packed(x, prompt=True)
+        y = qmatmul.prompt_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
         if y is not None:
             return y
-        if self.packed is not None:  # no prompt kernel of its type (32 elements): its steps' (501 rows of Q8_0:
-            # 0.7-0.8x the time of the dense bf16 product of its dequantized weights, AMD EPYC Zen 5)
-            return qmatmul.packed_mm(x, self.packed, self.qtype, self.out_features, self.in_features, self.bias)
         out = []
         into = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32  # what dequantize writes
         blocks = self.blocks
@@ -144,16 +164,16 @@ class GgufLinear(nn.Module):
 
     def rows(self, ids: torch.Tensor) -> GgufLinear:
         """The layer restricted to output rows `ids` (a subset head): each row's blocks are its own. From the packed
-        form only the 16-row groups holding ids are unpacked; whole groups in order (the n lowest ids, n a multiple of
-        16) are taken packed as they are."""
+        form only the 16-row groups holding ids are unpacked (and packed again: the same arithmetic as the whole
+        layer's); ids that fill their groups in order (the n lowest) take those groups packed as they are."""
         bias = None if self.bias is None else self.bias[ids]
         if self.packed is None:
             return GgufLinear(self.blocks[ids], self.qtype, self.in_features, len(ids), bias, self.weight.dtype)
         group = ids.div(16, rounding_mode="floor")
         groups = torch.unique(group)  # sorted
         at = torch.searchsorted(groups, group) * 16 + ids % 16  # ids' rows in groups'
-        part = self.packed[groups]  # [len(groups), K / 256, bytes]: a copy
-        if torch.equal(at, torch.arange(16 * len(groups))):
+        part = self.packed[groups]  # [len(groups), K / group, bytes]: a copy
+        if torch.equal(at, torch.arange(len(ids))):  # the first rows of their groups, in order: the groups as they are
             return GgufLinear(None, self.qtype, self.in_features, len(ids), bias, self.weight.dtype, packed=part)
         blocks = qmatmul.unpack(part, self.qtype, 16 * len(groups), self.in_features)[at]
         return GgufLinear(blocks, self.qtype, self.in_features, len(ids), bias, self.weight.dtype).pack()
