@@ -2611,6 +2611,114 @@ VNNI_FN void packed_tile32(const Call& c, const uint8_t* pk, const uint8_t* xs, 
   }
 }
 
+// quantize_row32_avx512 with AVX2: the same xq, dx, off and xsd (the same fp32 operations, rint alike)
+template <typename T>
+AVX2_FN void quantize_row32_avx2(const T* x, int64_t K, int32_t o, int8_t* xq, float* dx, int32_t* off, float* xsd) {
+  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t g = 0; g < K / 32; g++) {
+    __m256 v[4], mx = _mm256_setzero_ps();
+    for (int h = 0; h < 4; h++) {
+      if constexpr (std::is_same_v<T, float>) v[h] = _mm256_loadu_ps(x + g * 32 + 8 * h);
+      else  // bf16: the upper half of an fp32
+        v[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(x + g * 32 + 8 * h))), 16));
+      mx = _mm256_max_ps(mx, _mm256_and_ps(v[h], absmask));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    const __m256 iv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    dx[g] = amax / 127.f;
+    __m256i a[4];
+    for (int h = 0; h < 4; h++)
+      a[h] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[h], iv)), lim), nlim);
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
+    _mm256_storeu_si256((__m256i*)(xq + g * 32), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i t2 = _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
+    __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256(t2, 1));
+    t1 = _mm_add_epi32(t1, _mm_shuffle_epi32(t1, 0x4E));
+    t1 = _mm_add_epi32(t1, _mm_shuffle_epi32(t1, 0xB1));
+    const int32_t xs = _mm_cvtsi128_si32(t1);
+    off[g] = -o * xs;
+    if (xsd) xsd[g] = (float)xs * dx[g];
+  }
+}
+
+// packed_tile32 with AVX2 (no VNNI), the same bits: a ymm's 8 lanes 8 outputs, each half of the 16 in turn. A group's
+// ia as AVX-512 sums it, exact: vpmaddubsw of the unsigned quants and 4 bytes of x, two quads' pairs added in int16
+// (2 · 2 · 31 · 127 < 2¹⁵), vpmaddwd by ones into int32. Q8_0's q + 128 would overflow the int16 pairs: its q signed,
+// |q| times x with q's sign (vpsignb; |−128| = 128, 2 · 128 · 127 < 2¹⁵), so its ia starts at 0, not at −128·Σx.
+// acc in memory.
+template <int QT, int R, typename O>
+AVX2_FN void packed_tile32_avx2(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off, int64_t m0,
+                                int64_t b, O* y) {
+  constexpr int64_t GB = packed_bytes(QT), AT = d_at32(QT);
+  const int64_t groups = c.K / 32;
+  const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);
+  const uint8_t* xr[R];
+  for (int r = 0; r < R; r++) xr[r] = xs + (m0 + r) * c.K;
+  for (int h = 0; h < 2; h++) {
+    alignas(32) float acc[R][8];
+    for (int r = 0; r < R; r++)
+      for (int l = 0; l < 8; l++) acc[r][l] = 0.f;
+    const uint8_t* o = pk + b * groups * GB;
+    for (int64_t g = 0; g < groups; g++, o += GB) {
+      if (h == 0)
+        for (int64_t p = 0; p < GB; p += 64) _mm_prefetch((const char*)(o + PREFETCH_BYTES + p), _MM_HINT_T0);
+      __m256i ia[R];
+      for (int r = 0; r < R; r++) ia[r] = _mm256_set1_epi32(QT == Q8_0 ? 0 : off[(m0 + r) * groups + g]);
+      if constexpr (QT == Q8_0) {
+        for (int t = 0; t < 8; t++) {
+          const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(o + 64 * t + 32 * h)), _mm256_set1_epi8((char)0x80));
+          const __m256i u = _mm256_abs_epi8(q);
+          for (int r = 0; r < R; r++) {
+            int32_t xv;
+            std::memcpy(&xv, xr[r] + g * 32 + 4 * t, 4);
+            const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(_mm256_set1_epi32(xv), q));
+            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(p, ones));
+          }
+        }
+      } else {
+        __m256i hb = _mm256_setzero_si256();
+        if constexpr (five32(QT)) hb = _mm256_loadu_si256((const __m256i*)(o + 256 + 32 * h));
+        for (int t = 0; t < 4; t++) {
+          const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 64 * t + 32 * h));
+          __m256i w0 = _mm256_and_si256(v, lo4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+          if constexpr (five32(QT)) {
+            w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
+            w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
+            hb = _mm256_srli_epi16(hb, 2);
+          }
+          for (int r = 0; r < R; r++) {
+            int32_t x0, x1;
+            std::memcpy(&x0, xr[r] + g * 32 + 8 * t, 4);
+            std::memcpy(&x1, xr[r] + g * 32 + 8 * t + 4, 4);
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(x0)),
+                                               _mm256_maddubs_epi16(w1, _mm256_set1_epi32(x1)));
+            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(p, ones));
+          }
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + AT + 16 * h)));
+      for (int r = 0; r < R; r++) {
+        const __m256 s = _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + r) * groups + g]));
+        _mm256_store_ps(acc[r], _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), s, _mm256_load_ps(acc[r])));
+      }
+      if constexpr (min32(QT)) {
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(o + AT + 32 + 16 * h)));
+        for (int r = 0; r < R; r++)
+          _mm256_store_ps(acc[r], _mm256_fmadd_ps(m, _mm256_set1_ps(c.xsd[(m0 + r) * groups + g]), _mm256_load_ps(acc[r])));
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      __m256 v = _mm256_load_ps(acc[r]);
+      if (c.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(c.bias + 16 * b + 8 * h));
+      if constexpr (std::is_same_v<O, float>) _mm256_storeu_ps(y + (m0 + r) * c.N + 16 * b + 8 * h, v);
+      else _mm_storeu_si128((__m128i*)(y + (m0 + r) * c.N + 16 * b + 8 * h), bf16_rne8(v));
+    }
+  }
+}
+
 // Every row of the call for blocks [b0, b1): tiles of ≤ PACKED_TILE rows, of sizes as equal as they can be (a
 // 9-row pass one tile, its weights unpacked once: 1.05–1.17× the 5 + 4 of tiles of 6, one and five rows alike);
 // wide: AVX-512 VNNI's tiles, else AVX2's (the same values)
@@ -2623,7 +2731,8 @@ void packed_blocks(const Call& c, const uint8_t* pk, const uint8_t* xs, const in
     for (int64_t t = 0, m = 0; t < tiles; t++) {
       const int64_t rows = (c.M - m) / (tiles - t) + ((c.M - m) % (tiles - t) ? 1 : 0);
       auto tile = [&](auto r) {
-        if constexpr (type32(QT)) packed_tile32<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
+        if constexpr (type32(QT) && WIDE) packed_tile32<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
+        else if constexpr (type32(QT)) packed_tile32_avx2<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
         else if constexpr (WIDE) packed_tile<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
         else packed_tile_avx2<QT, decltype(r)::value, O>(c, pk, xs, off16, m, b, y);
       };
@@ -2785,7 +2894,6 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   const Operands o = operands("qmatmul.mm_packed", x, packed, qtype, N, K, bias, true);
   const bool wide = simd_path("qmatmul.mm_packed", path) == AVX512VNNI;
   const bool q32 = type32(qtype);
-  TORCH_CHECK(wide || !q32, "qmatmul.mm_packed: the packed kernel of a 32-element type needs AVX-512 VNNI");
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());
   if (M == 0 || N == 0) return out;
@@ -2800,12 +2908,18 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
     at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; m++) {
         float* xsdm = min32(qtype) ? xsd.data() + m * (K / 32) : nullptr;
-        if (o.x.scalar_type() == at::kFloat)
-          quantize_row32_avx512<float>(o.x.data_ptr<float>() + m * K, K, offset32(qtype), xq8.data() + m * K,
-                                       dx.data() + m * (K / 32), off16.data() + m * (K / 32), xsdm);
-        else
-          quantize_row32_avx512<c10::BFloat16>(o.x.data_ptr<c10::BFloat16>() + m * K, K, offset32(qtype),
-                                               xq8.data() + m * K, dx.data() + m * (K / 32), off16.data() + m * (K / 32), xsdm);
+        int8_t* xqm = xq8.data() + m * K;
+        float* dxm = dx.data() + m * (K / 32);
+        int32_t* offm = off16.data() + m * (K / 32);
+        if (o.x.scalar_type() == at::kFloat) {
+          const float* xm = o.x.data_ptr<float>() + m * K;
+          if (wide) quantize_row32_avx512<float>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
+          else quantize_row32_avx2<float>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
+        } else {
+          const c10::BFloat16* xm = o.x.data_ptr<c10::BFloat16>() + m * K;
+          if (wide) quantize_row32_avx512<c10::BFloat16>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
+          else quantize_row32_avx2<c10::BFloat16>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
+        }
       }
     });
   }
@@ -2824,11 +2938,11 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
     chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
-      if (qtype == Q8_0) packed_blocks<Q8_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
-      else if (qtype == Q4_0) packed_blocks<Q4_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
-      else if (qtype == Q4_1) packed_blocks<Q4_1, O, true>(c, pk, xs, off16.data(), b0, b1, y);
-      else if (qtype == Q5_0) packed_blocks<Q5_0, O, true>(c, pk, xs, off16.data(), b0, b1, y);
-      else if (qtype == Q5_1) packed_blocks<Q5_1, O, true>(c, pk, xs, off16.data(), b0, b1, y);
+      if (qtype == Q8_0) (wide ? packed_blocks<Q8_0, O, true> : packed_blocks<Q8_0, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q4_0) (wide ? packed_blocks<Q4_0, O, true> : packed_blocks<Q4_0, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q4_1) (wide ? packed_blocks<Q4_1, O, true> : packed_blocks<Q4_1, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q5_0) (wide ? packed_blocks<Q5_0, O, true> : packed_blocks<Q5_0, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
+      else if (qtype == Q5_1) (wide ? packed_blocks<Q5_1, O, true> : packed_blocks<Q5_1, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else if (qtype == Q6_K) (wide ? packed_blocks<Q6_K, O, true> : packed_blocks<Q6_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else if (qtype == Q5_K) (wide ? packed_blocks<Q5_K, O, true> : packed_blocks<Q5_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else (wide ? packed_blocks<Q4_K, O, true> : packed_blocks<Q4_K, O, false>)(c, pk, xs, off16.data(), b0, b1, y);

@@ -2,9 +2,9 @@
 
     gguf_mm       the C++ kernel (qmatmul.cpp; its top states the arithmetic), built at first use and cached
     dequantize    the file's weights in fp32 (for a prompt's prefill, which runs as a dense product)
-    packed_mm     Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2, Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 on AVX-512 VNNI: steps
-                  and passes from weights packed once (pack), the cost nearly flat in the rows of a pass (AVX-512
-                  VNNI; AVX2: about twice a step at 9 rows)
+    packed_mm     Q4_K / Q5_K / Q6_K and Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 on AVX-512 VNNI or AVX2: steps and
+                  passes from weights packed once (pack), the cost nearly flat in the rows of a pass (AVX-512 VNNI;
+                  AVX2: about twice a step at 9 rows)
     prompt_mm     a prompt's product of the K-quants (AVX-512 VNNI or AVX2)
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
@@ -65,7 +65,7 @@ def backend_line() -> str:
         return f"torch twin (the C++ kernel did not build: {KERNEL.error})"
     best = ext.backend()
     line = f"C++ {forced} path (SPECDEC_QMATMUL; this CPU's best: {best})" if forced in PATHS else f"C++ {best} path"
-    packed = ", ".join(t.upper() for t in (*PACKED_TYPES, *PACKED_WIDE_TYPES) if packs(t, 16))
+    packed = ", ".join(t.upper() for t in PACKED_TYPES + PACKED_32_TYPES if packs(t, 16))
     return line + (f", {packed} steps from the packed form" if packed else "")
 
 
@@ -97,26 +97,19 @@ def dequantize(blocks: torch.Tensor, qtype, N: int, K: int, out: torch.Tensor | 
     return out
 
 
-PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's on AVX-512 VNNI and AVX2: Q4_K_M and Q5_K_M files'
-PACKED_WIDE_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # ... on AVX-512 VNNI only (the 32-element types' own
-#                                                             tile; on AVX2 the blocks as they are)
+PACKED_TYPES = ("q4_k", "q5_k", "q6_k")  # pack / mm_packed's: Q4_K_M and Q5_K_M files' K-quants
+PACKED_32_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # ... and the 32-element types (a tile of their own)
 
 
 def packs(qtype, N: int) -> bool:
-    """Whether a weight of this type and N outputs runs from pack()'s form here: N a multiple of 16, the kernel built,
-    Q4_K, Q5_K or Q6_K on a CPU with AVX-512 VNNI or AVX2 (prompt_runs), the 32-element types with AVX-512 VNNI."""
-    name = gb.type_name(qtype)
-    if N % 16 or not prompt_runs():
-        return False
-    if name in PACKED_TYPES:
-        return True
-    vnni = (_simd(None) or extension().best_path()) == PATHS["avx512"]  # here, and not held to AVX2
-    return name in PACKED_WIDE_TYPES and vnni
+    """Whether a weight of this type and N outputs runs from pack()'s form here: a K-quant or a 32-element type, N a
+    multiple of 16, the kernel built, a CPU with AVX-512 VNNI or AVX2 (prompt_runs)."""
+    return gb.type_name(qtype) in PACKED_TYPES + PACKED_32_TYPES and N % 16 == 0 and prompt_runs()
 
 
 def packed_group(qtype) -> int:
     """The elements of one packed group along K: 32 for the 32-element types, 256 for the K-quants."""
-    return 32 if gb.type_name(qtype) in PACKED_WIDE_TYPES else 256
+    return 32 if gb.type_name(qtype) in PACKED_32_TYPES else 256
 
 
 def pack(blocks: torch.Tensor, qtype, N: int, K: int) -> torch.Tensor:
@@ -134,8 +127,8 @@ def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
               bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
     """x [..., K] · Wᵀ (+ bias) -> [..., N] in x's dtype (fp32 and bf16; others through fp32), from pack()'s form:
     steps and passes (any number of rows), each row computed alike whatever the others, and alike on either path
-    (qmatmul.cpp; the 32-element types: AVX-512 VNNI only, x quantized to int8 per 32). path: 'avx512', 'avx2'
-    (tests), default the best here."""
+    (qmatmul.cpp; the 32-element types: x quantized to int8 per 32). path: 'avx512', 'avx2' (tests), default the
+    best here."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         return packed_mm(x.float(), packed, qtype, N, K, bias, path).to(x.dtype)
     return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias, _simd(path))

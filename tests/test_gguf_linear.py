@@ -231,12 +231,13 @@ def test_a_changing_thread_count_changes_no_token(smollm2_blocks, smollm2, monke
 
 
 @pytest.mark.parametrize("cpu, types", [("auto", ("q4_k", "q5_k", "q6_k")), ("avx2", ("q4_k", "q5_k", "q6_k")),
-                                        ("auto", ("q8_0",)), ("auto", ("q4_0", "q4_1", "q5_0", "q5_1"))])
+                                        ("auto", ("q8_0",)), ("auto", ("q4_0", "q4_1", "q5_0", "q5_1")),
+                                        ("avx2", ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"))])
 def test_packed_layers_give_a_pass_the_bits_of_steps(cpu, types, monkeypatch):
     """A tiny Llama whose every linear is a Q4_K, Q5_K or Q6_K GgufLinear (or a 32-element type's) run from the
-    packed form (where it runs: AVX-512 VNNI or AVX2, the 32-element types AVX-512 VNNI; `avx2`: as on a CPU without
-    AVX-512): a pass's rows are its steps' bits, greedy speculative output (a differently quantized twin drafting) is
-    the autoregressive output, and q, k, v and gate, up joined read views of their joint layer's packed form."""
+    packed form (where it runs: AVX-512 VNNI or AVX2; `avx2`: as on a CPU without AVX-512): a pass's rows are its
+    steps' bits, greedy speculative output (a differently quantized twin drafting) is the autoregressive output, and
+    q, k, v and gate, up joined read views of their joint layer's packed form."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec_cli.decoding import generate
