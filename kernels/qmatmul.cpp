@@ -26,9 +26,9 @@
 //   y           tree(acc) − tree(mn) for the K-quants, + tree(mn) for Q4_1 / Q5_1, + bias_n, rounded once to
 //               the output dtype; tree(a) sums 16 lanes as (a_l + a_l+8), then + 4, + 2, + 1.
 //
-// (Q4_K, Q5_K and Q6_K layers on AVX-512 VNNI or AVX2, and the 32-element types' on AVX-512 VNNI, run instead from
-// their weights packed at load, by an arithmetic of their own, stated with it below, the K-quants' the same on both:
-// pack, mm_packed. A layer runs one or the other for every call of its steps and passes.)
+// (Layers of every type on AVX-512 VNNI or AVX2 run instead from their weights packed at load, by an arithmetic of
+// their own, stated with it below, the same on both: pack, mm_packed. A layer runs one or the other for every call of
+// its steps and passes.)
 //
 // Integer sums are exact (|x·w| summed over a lane stays below 2³¹ for every type), so the SIMD paths may add them
 // in any order; every float operation is listed above, in that order, and the file is compiled with
@@ -2065,7 +2065,7 @@ constexpr int64_t HIGH5 = 512;
 constexpr int64_t PACKED_Q5K = PACKED_Q4K + HIGH5;
 constexpr int64_t PACKED_Q6K = 3072 + 256 + 32;
 
-// The 32-element types (AVX-512 VNNI only): a packed group is 32 elements of 16 weight rows, the file's bytes a row
+// The 32-element types: a packed group is 32 elements of 16 weight rows, the file's bytes a row
 // and group. The quants unsigned (Q8_0: q + 128; Q4_0, Q5_0: the file's q, whose value is q − 8 | 16):
 //   Q8_0         [8][64]: quad t (elements 4t .. 4t + 3), 4 bytes of each row at byte 4r
 //   Q4_x, Q5_x   [4][64]: vector t holds quad 2t in its low nibbles, quad 2t + 1 in its high ones (byte 4r + i)
@@ -2522,9 +2522,9 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
     }
 }
 
-// The 32-element types' steps and passes on AVX-512 VNNI, from their packed form: the K-quants' tile with 32-element
-// groups. x is quantized to int8 per 32 elements (not mm's int16: vpdpbusd takes bytes), in natural order. The
-// arithmetic, for one output:
+// The 32-element types' steps and passes on AVX-512 VNNI (AVX2: packed_tile32_avx2, the same bits), from their packed
+// form: the K-quants' tile with 32-element groups. x is quantized to int8 per 32 elements (not mm's int16: vpdpbusd
+// takes bytes), in natural order. The arithmetic, for one output:
 //   x        per group g of 32: amax = max|x|, inv = 127 / amax, xq_i = rint(x_i · inv) (±127 at most),
 //            dx_g = amax / 127 (0 where amax is), xs_g = Σ xq_i
 //   a group  ia = Σ u_i·xq_i − o·xs_g = Σ w_i·xq_i, int32, exact (u the unsigned quant, w = u − o its value's integer:

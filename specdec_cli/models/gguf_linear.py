@@ -3,7 +3,7 @@ Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, nor
 A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
 runs (the K-quants on AVX-512 VNNI or AVX2: activations quantized as the steps quantize them), else multiplies the
 same weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers there, and of the 32-element
-types' (Q8_0, Q4_0/1, Q5_0/1) with AVX-512 VNNI, run from the weights packed once at load (GgufLinear.pack,
+types' (Q8_0, Q4_0/1, Q5_0/1), run from the weights packed once at load (GgufLinear.pack,
 qmatmul.packed_mm; the blocks then let go; the 32-element types' prompts run there too): a 9-row pass then costs
 little more than a step (AVX2: about two).
 
@@ -94,8 +94,8 @@ class GgufLinear(nn.Module):
 
     def pack(self) -> GgufLinear:
         """Hold the weights in qmatmul's packed form instead of the blocks where its kernel runs here (qmatmul.packs:
-        Q4_K, Q5_K, Q6_K on AVX-512 VNNI or AVX2, the 32-element types on AVX-512 VNNI): steps, passes and the prompt
-        then run from it, a pass's cost nearly flat in its rows. Returns self."""
+        the K-quants and the 32-element types on AVX-512 VNNI or AVX2): steps, passes and the prompt then run from it,
+        a pass's cost nearly flat in its rows. Returns self."""
         n = _padded(self.out_features)
         if self.packed is None and qmatmul.packs(self.qtype, n):
             blocks = self.blocks

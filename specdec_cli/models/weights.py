@@ -82,7 +82,7 @@ def quantize_linears(model: nn.Module, qtype: str) -> dict[str, int]:
                             lambda linear: linear.in_features % GROUP == 0)
     if getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the head is its own module now: transformers must not re-tie it
-    join_and_pack(model)  # as a GGUF's layers are: packed where AVX-512 VNNI runs
+    join_and_pack(model)  # as a GGUF's layers are: packed where AVX-512 VNNI or AVX2 runs
     return {qtype: count}
 
 
