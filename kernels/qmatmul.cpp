@@ -524,12 +524,32 @@ AVX2_FN inline __attribute__((always_inline)) void mins8(__m128i sm, __m128 dd, 
   _mm256_storeu_ps(mm, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mf));
 }
 
+// The largest of 8 lanes
+AVX2_FN inline __attribute__((always_inline)) float hmax8(__m256 v) {
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+}
+
+// 32 values v[0..3] times iv, rint (the default rounding) within ±127, stored in order as int8 at q -> their sum
+AVX2_FN inline __attribute__((always_inline)) int32_t round32_avx2(const __m256* v, __m256 iv, int8_t* q) {
+  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+  __m256i a[4];
+  for (int t = 0; t < 4; t++) a[t] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[t], iv)), lim), nlim);
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
+  _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));  // in order
+  const __m256i t2 = _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
+  __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256(t2, 1));
+  t1 = _mm_add_epi32(t1, _mm_srli_si128(t1, 8));
+  t1 = _mm_add_epi32(t1, _mm_srli_si128(t1, 4));
+  return _mm_cvtsi128_si32(t1);
+}
+
 // quantize_row8_portable's values with AVX2 (max, one fp32 multiply, rint under the default rounding: to nearest,
 // ties to even; ±127 at most), x32 where asked for
 template <typename T>
 AVX2_FN void quantize_row8_avx2(const T* x, int64_t K, int qtype, int8_t* xq, float* dx, float* xsd, int16_t* x32) {
   alignas(32) float buf[256];
-  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t g = 0; g < K / 256; g++) {
     __m256 mx = _mm256_setzero_ps();
@@ -543,24 +563,14 @@ AVX2_FN void quantize_row8_avx2(const T* x, int64_t K, int qtype, int8_t* xq, fl
       _mm256_store_ps(buf + i, v);
       mx = _mm256_max_ps(mx, _mm256_and_ps(v, absmask));
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    const float amax = hmax8(mx);
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
     dx[g] = amax / 127.f;
     const __m256 iv = _mm256_set1_ps(inv);
     for (int j = 0; j < 8; j++) {
-      __m256i a[4];
-      for (int t = 0; t < 4; t++)
-        a[t] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(buf + 32 * j + 8 * t), iv)), lim), nlim);
-      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
-      const __m256i q = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // in order
-      _mm256_storeu_si256((__m256i*)(xq + g * 256 + 32 * sub_slot(qtype, j)), q);
-      const __m256i t2 = _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
-      __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256(t2, 1));
-      t1 = _mm_add_epi32(t1, _mm_srli_si128(t1, 8));
-      t1 = _mm_add_epi32(t1, _mm_srli_si128(t1, 4));
-      xsd[g * 8 + j] = (float)_mm_cvtsi128_si32(t1) * dx[g];
+      __m256 v[4];
+      for (int t = 0; t < 4; t++) v[t] = _mm256_load_ps(buf + 32 * j + 8 * t);
+      xsd[g * 8 + j] = (float)round32_avx2(v, iv, xq + g * 256 + 32 * sub_slot(qtype, j)) * dx[g];
     }
     if (x32)
       for (int k = 0; k < 8; k++)
@@ -1496,11 +1506,22 @@ VNNI_FN void quantize_row_avx512(const T* x, int64_t K, int G, int16_t* xq, floa
   for (int64_t j = K / 32; j < s16(K); j++) xsd[j] = 0.f;
 }
 
+// 32 values v[0..1] times iv, rint (the default rounding: to nearest, ties to even) within ±127, stored in order as
+// int8 at q -> their sum
+VNNI_FN inline __attribute__((always_inline)) int32_t round32_avx512(const __m512* v, __m512 iv, int8_t* q) {
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  __m512i a[2];
+  for (int h = 0; h < 2; h++) {
+    a[h] = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[h], iv)), lim), nlim);
+    _mm_storeu_si128((__m128i*)(q + 16 * h), _mm512_cvtepi32_epi8(a[h]));
+  }
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(a[0], a[1]));
+}
+
 // quantize_row8_portable's values with AVX-512
 template <typename T>
 VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, float* dx, float* xsd, uint8_t* xu) {
   alignas(64) float buf[256];
-  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
   for (int64_t g = 0; g < K / 256; g++) {
     __m512 mx = _mm512_setzero_ps();
     for (int i = 0; i < 256; i += 16) {
@@ -1517,15 +1538,9 @@ VNNI_FN void quantize_row8_avx512(const T* x, int64_t K, int qtype, int8_t* xq, 
     float inv = amax > 0.f ? 127.f / amax : 0.f;
     dx[g] = amax / 127.f;
     const __m512 iv = _mm512_set1_ps(inv);
-    for (int j = 0; j < 8; j++) {  // rint under the default rounding (to nearest, ties to even); ±127 at most
-      __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(buf + 32 * j), iv));
-      __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(buf + 32 * j + 16), iv));
-      a = _mm512_max_epi32(_mm512_min_epi32(a, lim), nlim);
-      b = _mm512_max_epi32(_mm512_min_epi32(b, lim), nlim);
-      int8_t* q = xq + g * 256 + 32 * sub_slot(qtype, j);
-      _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(a));
-      _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(b));
-      xsd[g * 8 + j] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)) * dx[g];
+    for (int j = 0; j < 8; j++) {
+      const __m512 v[2] = {_mm512_load_ps(buf + 32 * j), _mm512_load_ps(buf + 32 * j + 16)};
+      xsd[g * 8 + j] = (float)round32_avx512(v, iv, xq + g * 256 + 32 * sub_slot(qtype, j)) * dx[g];
     }
     if (xu)  // Q6_K: x + 128 as unsigned bytes (the sign bit flipped)
       for (int k = 0; k < 4; k++)
@@ -2092,13 +2107,13 @@ void check_packed(const char* who, const torch::Tensor& p, int64_t qtype, int64_
               who, ": packed must be pack()'s form of an [N, K] Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 weight");
 }
 
-// A 32-element block's fields: where d, m, the fifth bits (qh) and the quants (qs) sit in the file
+// A 32-element block's fields after its d (bytes 0–1): where m, the fifth bits (qh) and the quants (qs) sit, −1: none
 struct Fields32 {
-  int d, m, qh, qs;
+  int m, qh, qs;
 };
 constexpr Fields32 fields32(int64_t qtype) {
-  return qtype == Q8_0 ? Fields32{0, -1, -1, 2} : qtype == Q4_0 ? Fields32{0, -1, -1, 2}
-         : qtype == Q4_1 ? Fields32{0, 2, -1, 4} : qtype == Q5_0 ? Fields32{0, -1, 2, 6} : Fields32{0, 2, 4, 8};
+  return qtype == Q4_1 ? Fields32{2, -1, 4} : qtype == Q5_0 ? Fields32{-1, 2, 6} : qtype == Q5_1 ? Fields32{2, 4, 8}
+                       : Fields32{-1, -1, 2};  // Q8_0, Q4_0
 }
 
 // A 32-element type's rows [16·b0, 16·b1) into out [N / 16][K / 32][packed_bytes] (pack_rows), or back (unpack_rows)
@@ -2112,7 +2127,7 @@ void pack_rows32(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int6
       if (five32(qtype)) std::memset(o + 256, 0, 64);  // the fifth bits, or-ed in below
       for (int r = 0; r < 16; r++) {
         const uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
-        std::memcpy(o + at + 2 * r, blk + f.d, 2);
+        std::memcpy(o + at + 2 * r, blk, 2);
         if (f.m >= 0) std::memcpy(o + at + 32 + 2 * r, blk + f.m, 2);
         if (qtype == Q8_0) {
           for (int t = 0; t < 8; t++)
@@ -2148,7 +2163,7 @@ void unpack_rows32(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, i
       const uint8_t* o = pk + (b * groups + g) * gb;
       for (int r = 0; r < 16; r++) {
         uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
-        std::memcpy(blk + f.d, o + at + 2 * r, 2);
+        std::memcpy(blk, o + at + 2 * r, 2);
         if (f.m >= 0) std::memcpy(blk + f.m, o + at + 32 + 2 * r, 2);
         if (qtype == Q8_0) {
           for (int t = 0; t < 8; t++)
@@ -2535,7 +2550,6 @@ AVX2_FN void packed_tile_avx2(const Call& c, const uint8_t* pk, const uint8_t* x
 // Groups in order. off: −o·xs_g per row and group; c.dx: dx_g; c.xsd: xsd_g (Q4_1, Q5_1).
 template <typename T>
 VNNI_FN void quantize_row32_avx512(const T* x, int64_t K, int32_t o, int8_t* xq, float* dx, int32_t* off, float* xsd) {
-  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
   for (int64_t g = 0; g < K / 32; g++) {
     __m512 v[2];
     for (int h = 0; h < 2; h++) {
@@ -2546,12 +2560,7 @@ VNNI_FN void quantize_row32_avx512(const T* x, int64_t K, int32_t o, int8_t* xq,
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
     const __m512 iv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
     dx[g] = amax / 127.f;
-    __m512i q[2];
-    for (int h = 0; h < 2; h++) {  // rint under the default rounding (to nearest, ties to even)
-      q[h] = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[h], iv)), lim), nlim);
-      _mm_storeu_si128((__m128i*)(xq + g * 32 + 16 * h), _mm512_cvtepi32_epi8(q[h]));
-    }
-    const int32_t xs = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+    const int32_t xs = round32_avx512(v, iv, xq + g * 32);
     off[g] = -o * xs;
     if (xsd) xsd[g] = (float)xs * dx[g];
   }
@@ -2614,7 +2623,6 @@ VNNI_FN void packed_tile32(const Call& c, const uint8_t* pk, const uint8_t* xs, 
 // quantize_row32_avx512 with AVX2: the same xq, dx, off and xsd (the same fp32 operations, rint alike)
 template <typename T>
 AVX2_FN void quantize_row32_avx2(const T* x, int64_t K, int32_t o, int8_t* xq, float* dx, int32_t* off, float* xsd) {
-  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t g = 0; g < K / 32; g++) {
     __m256 v[4], mx = _mm256_setzero_ps();
@@ -2624,21 +2632,10 @@ AVX2_FN void quantize_row32_avx2(const T* x, int64_t K, int32_t o, int8_t* xq, f
         v[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(x + g * 32 + 8 * h))), 16));
       mx = _mm256_max_ps(mx, _mm256_and_ps(v[h], absmask));
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    const float amax = hmax8(mx);
     const __m256 iv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
     dx[g] = amax / 127.f;
-    __m256i a[4];
-    for (int h = 0; h < 4; h++)
-      a[h] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[h], iv)), lim), nlim);
-    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
-    _mm256_storeu_si256((__m256i*)(xq + g * 32), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    const __m256i t2 = _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
-    __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(t2), _mm256_extracti128_si256(t2, 1));
-    t1 = _mm_add_epi32(t1, _mm_shuffle_epi32(t1, 0x4E));
-    t1 = _mm_add_epi32(t1, _mm_shuffle_epi32(t1, 0xB1));
-    const int32_t xs = _mm_cvtsi128_si32(t1);
+    const int32_t xs = round32_avx2(v, iv, xq + g * 32);
     off[g] = -o * xs;
     if (xsd) xsd[g] = (float)xs * dx[g];
   }
@@ -2654,7 +2651,7 @@ AVX2_FN void packed_tile32_avx2(const Call& c, const uint8_t* pk, const uint8_t*
                                 int64_t b, O* y) {
   constexpr int64_t GB = packed_bytes(QT), AT = d_at32(QT);
   const int64_t groups = c.K / 32;
-  const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);
+  const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const uint8_t* xr[R];
   for (int r = 0; r < R; r++) xr[r] = xs + (m0 + r) * c.K;
   for (int h = 0; h < 2; h++) {
@@ -2684,11 +2681,7 @@ AVX2_FN void packed_tile32_avx2(const Call& c, const uint8_t* pk, const uint8_t*
         for (int t = 0; t < 4; t++) {
           const __m256i v = _mm256_loadu_si256((const __m256i*)(o + 64 * t + 32 * h));
           __m256i w0 = _mm256_and_si256(v, lo4), w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-          if constexpr (five32(QT)) {
-            w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
-            w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
-            hb = _mm256_srli_epi16(hb, 2);
-          }
+          if constexpr (five32(QT)) fifth_bits_avx2(hb, w0, w1);
           for (int r = 0; r < R; r++) {
             int32_t x0, x1;
             std::memcpy(&x0, xr[r] + g * 32 + 8 * t, 4);
