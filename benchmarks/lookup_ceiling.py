@@ -75,8 +75,8 @@ def pass_costs(target, ids: list[int], kmax: int, rounds: int) -> dict[int, floa
 
 
 def replay(rows, cost: dict[int, float], choose, observe=None) -> tuple[float, int, list[int]]:
-    """Lookup's rounds over the greedy tokens: choose(position context, gen, i) -> γ asked (with the proposal it
-    stands for); -> (seconds, rounds, rows scored per round)."""
+    """Lookup's rounds over the greedy tokens: choose(the tokens so far, the tokens still to come) -> the γ asked;
+    observe(Round) after each round (a schedule's). -> (seconds, rounds, rows scored per round)."""
     total, sizes = 0.0, []
     longest, shortest = spec.LOOKUP_LONGEST, spec.LOOKUP_SHORTEST
     for prompt, gen in rows:
