@@ -123,6 +123,8 @@ class Extension:
 
     def module(self):
         """The built module, or None when it cannot be built here (said once, on stderr)."""
+        if self._module is not None:  # built: no lock (a step calls kernels ~250 times)
+            return self._module
         with self._lock:
             if not self._tried:
                 self._tried = True

@@ -131,7 +131,8 @@ def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
     best here."""
     if x.dtype not in (torch.float32, torch.bfloat16):
         return packed_mm(x.float(), packed, qtype, N, K, bias, path).to(x.dtype)
-    return extension().mm_packed(x, packed, gb.type_id(qtype), N, K, bias, _simd(path))
+    return KERNEL.module().mm_packed(x, packed, qtype if type(qtype) is int else gb.type_id(qtype), N, K, bias,
+                                     _simd(path))  # an id as it is: a step calls ~110 layers
 
 
 PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants
