@@ -2620,6 +2620,105 @@ VNNI_FN void packed_tile32(const Call& c, const uint8_t* pk, const uint8_t* xs, 
   }
 }
 
+// A prompt's product for the 32-element types on AVX-512 VNNI: packed_tile32's arithmetic, so the same bits (each
+// output its groups in order: ia from −o·Σx, one fma by d·dx; Q4_1, Q5_1 one more by m·xsd), but two blocks of 16
+// weight rows at a time, the broadcasts of x shared by both, over PROMPT32_ROWS rows at a time (a last tile short of
+// them reads its first row again and stores only its own), and the quants unpacked to bytes once a call (Q8_0's are
+// bytes: read in place). 501 rows of Qwen2.5-1.5B's gate/up: see benchmarks/README.md.
+constexpr int PROMPT32_ROWS = 6;
+
+// Block b's unsigned quants as bytes, [K / 32][8 quads][64] (what packed_tile32 makes of them as it reads)
+template <int QT>
+VNNI_FN void bytes32(const Call& c, const uint8_t* pk, int64_t b, uint8_t* q) {
+  constexpr int64_t GB = packed_bytes(QT);
+  const int64_t groups = c.K / 32;
+  const __m512i lo4 = _mm512_set1_epi8(15);
+  const uint8_t* o = pk + b * groups * GB;
+  for (int64_t g = 0; g < groups; g++, o += GB, q += 512) {
+    __m512i hb = _mm512_setzero_si512();
+    if constexpr (five32(QT)) hb = _mm512_loadu_si512(o + 256);
+    for (int t = 0; t < 4; t++) {
+      const __m512i v = _mm512_loadu_si512(o + 64 * t);
+      __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+      if constexpr (five32(QT)) fifth_bits(hb, w0, w1);
+      _mm512_storeu_si512(q + 128 * t, w0);  // quad 2t
+      _mm512_storeu_si512(q + 128 * t + 64, w1);  // quad 2t + 1
+    }
+  }
+}
+
+// Rows m0 .. m0 + rows − 1 (rows ≤ R) × NB blocks b0 .. of 16 outputs; q[i]: block b0 + i's quads, a group every qs bytes
+template <int QT, int R, int NB, typename O>
+VNNI_FN void prompt_tile32(const Call& c, const uint8_t* pk, const uint8_t* const* q, int64_t qs, const uint8_t* xs,
+                           const int32_t* off, int64_t m0, int64_t rows, int64_t b0, O* y) {
+  constexpr int64_t GB = packed_bytes(QT), AT = d_at32(QT);
+  const int64_t groups = c.K / 32;
+  int64_t mr[R];  // row r's: its own, or m0 past `rows`
+  const uint8_t* xr[R];
+  for (int r = 0; r < R; r++) mr[r] = m0 + (r < rows ? r : 0), xr[r] = xs + mr[r] * c.K;
+  __m512 acc[R][NB];
+  for (int r = 0; r < R; r++)
+    for (int i = 0; i < NB; i++) acc[r][i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    __m512i ia[R][NB];
+    for (int r = 0; r < R; r++) {
+      const __m512i o0 = _mm512_set1_epi32(off[mr[r] * groups + g]);
+      for (int i = 0; i < NB; i++) ia[r][i] = o0;
+    }
+    for (int t = 0; t < 8; t++) {
+      __m512i w[NB];
+      for (int i = 0; i < NB; i++) w[i] = _mm512_loadu_si512(q[i] + g * qs + 64 * t);
+      for (int r = 0; r < R; r++) {
+        int32_t xv;
+        std::memcpy(&xv, xr[r] + g * 32 + 4 * t, 4);
+        const __m512i xb = _mm512_set1_epi32(xv);
+        for (int i = 0; i < NB; i++) ia[r][i] = _mm512_dpbusd_epi32(ia[r][i], w[i], xb);
+      }
+    }
+    for (int i = 0; i < NB; i++) {
+      const uint8_t* o = pk + ((b0 + i) * groups + g) * GB;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + AT)));
+      for (int r = 0; r < R; r++)
+        acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][i]), _mm512_mul_ps(d, _mm512_set1_ps(c.dx[mr[r] * groups + g])), acc[r][i]);
+      if constexpr (min32(QT)) {
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(o + AT + 32)));
+        for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.xsd[mr[r] * groups + g]), acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < rows; r++)
+    for (int i = 0; i < NB; i++) {
+      __m512 v = acc[r][i];
+      if (c.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(c.bias + 16 * (b0 + i)));
+      O* out = y + (m0 + r) * c.N + 16 * (b0 + i);
+      if constexpr (std::is_same_v<O, float>) _mm512_storeu_ps(out, v);
+      else _mm256_storeu_si256((__m256i*)out, bf16_rne(v));
+    }
+}
+
+template <int QT, typename O>
+VNNI_FN void prompt32_avx512(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off, O* y) {
+  constexpr int64_t GB = packed_bytes(QT);
+  const int64_t groups = c.K / 32;
+  chunks(c.N / 16, 2, [&](int64_t b0, int64_t b1) {
+    std::vector<uint8_t> bytes(QT == Q8_0 ? 0 : 2 * groups * 512);
+    for (int64_t b = b0; b < b1; b += 2) {
+      const int64_t nb = std::min<int64_t>(2, b1 - b);
+      const uint8_t* q[2];
+      for (int64_t i = 0; i < nb; i++) {
+        if constexpr (QT == Q8_0) q[i] = pk + (b + i) * groups * GB;
+        else bytes32<QT>(c, pk, b + i, bytes.data() + i * groups * 512), q[i] = bytes.data() + i * groups * 512;
+      }
+      const int64_t qs = QT == Q8_0 ? GB : 512;
+      for (int64_t m = 0; m < c.M; m += PROMPT32_ROWS) {
+        const int64_t rows = std::min<int64_t>(PROMPT32_ROWS, c.M - m);
+        if (nb == 2) prompt_tile32<QT, PROMPT32_ROWS, 2, O>(c, pk, q, qs, xs, off, m, rows, b, y);
+        else prompt_tile32<QT, PROMPT32_ROWS, 1, O>(c, pk, q, qs, xs, off, m, rows, b, y);
+      }
+    }
+  });
+}
+
 // quantize_row32_avx512 with AVX2: the same xq, dx, off and xsd (the same fp32 operations, rint alike)
 template <typename T>
 AVX2_FN void quantize_row32_avx2(const T* x, int64_t K, int32_t o, int8_t* xq, float* dx, int32_t* off, float* xsd) {
@@ -2880,6 +2979,28 @@ int simd_path(const char* who, int64_t path) {
   return (int)path;
 }
 
+// The 32-element types' x, every row (quantize_row32_avx512 / _avx2: the same values): xq [M, K], dx, off [M, K / 32],
+// xsd [M, K / 32] (Q4_1, Q5_1; else not written)
+void quantize32(const torch::Tensor& x, int64_t qtype, bool wide, int8_t* xq, float* dx, int32_t* off, float* xsd) {
+#if QMM_X86
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) {
+      float* xsdm = min32(qtype) ? xsd + m * G : nullptr;
+      if (x.scalar_type() == at::kFloat) {
+        const float* xm = x.data_ptr<float>() + m * K;
+        if (wide) quantize_row32_avx512<float>(xm, K, offset32(qtype), xq + m * K, dx + m * G, off + m * G, xsdm);
+        else quantize_row32_avx2<float>(xm, K, offset32(qtype), xq + m * K, dx + m * G, off + m * G, xsdm);
+      } else {
+        const c10::BFloat16* xm = x.data_ptr<c10::BFloat16>() + m * K;
+        if (wide) quantize_row32_avx512<c10::BFloat16>(xm, K, offset32(qtype), xq + m * K, dx + m * G, off + m * G, xsdm);
+        else quantize_row32_avx2<c10::BFloat16>(xm, K, offset32(qtype), xq + m * K, dx + m * G, off + m * G, xsdm);
+      }
+    }
+  });
+#endif
+}
+
 // y = x · Wᵀ (+ bias) from pack's form of W (AVX-512 VNNI or AVX2, the same values), any number of rows:
 // x [..., K] fp32 or bf16 -> [..., N]
 torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
@@ -2897,25 +3018,7 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   // Q6_K: −32 · Σ x per 16 (its slots), the offset's; the 32-element types: −o · Σ x per 32
   std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : q32 ? M * (K / 32) : 0);
 #if QMM_X86
-  if (q32) {
-    at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; m++) {
-        float* xsdm = min32(qtype) ? xsd.data() + m * (K / 32) : nullptr;
-        int8_t* xqm = xq8.data() + m * K;
-        float* dxm = dx.data() + m * (K / 32);
-        int32_t* offm = off16.data() + m * (K / 32);
-        if (o.x.scalar_type() == at::kFloat) {
-          const float* xm = o.x.data_ptr<float>() + m * K;
-          if (wide) quantize_row32_avx512<float>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
-          else quantize_row32_avx2<float>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
-        } else {
-          const c10::BFloat16* xm = o.x.data_ptr<c10::BFloat16>() + m * K;
-          if (wide) quantize_row32_avx512<c10::BFloat16>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
-          else quantize_row32_avx2<c10::BFloat16>(xm, K, offset32(qtype), xqm, dxm, offm, xsdm);
-        }
-      }
-    });
-  }
+  if (q32) quantize32(o.x, qtype, wide, xq8.data(), dx.data(), off16.data(), xsd.data());
 #endif
   if (!q32) {
     quantize_rows(o.x, c, wide ? AVX512VNNI : AVX2, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
@@ -2947,15 +3050,48 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   return out;
 }
 
-// A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
+// mm_prompt for a 32-element type (packed, AVX-512 VNNI): x quantized as mm_packed quantizes it, then prompt32_avx512
+torch::Tensor prompt32(torch::Tensor x, const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K,
+                       c10::optional<torch::Tensor> bias) {
+  const Operands o = operands("qmatmul.mm_prompt", x, packed, qtype, N, K, bias, true);
+  const int64_t M = o.M;
+  auto out = torch::empty(o.shape, o.x.options());
+  if (M == 0 || N == 0) return out;
+  std::vector<int8_t> xq8(M * K);
+  std::vector<float> dx(M * (K / 32)), xsd(min32(qtype) ? M * (K / 32) : 0);
+  std::vector<int32_t> off(M * (K / 32));
+  quantize32(o.x, qtype, true, xq8.data(), dx.data(), off.data(), xsd.data());
+#if QMM_X86
+  Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
+         o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
+  const uint8_t* pk = packed.data_ptr<uint8_t>();
+  const uint8_t* xs = (const uint8_t*)xq8.data();
+  auto run = [&](auto* y) {
+    using O = std::remove_pointer_t<decltype(y)>;
+    if (qtype == Q8_0) prompt32_avx512<Q8_0, O>(c, pk, xs, off.data(), y);
+    else if (qtype == Q4_0) prompt32_avx512<Q4_0, O>(c, pk, xs, off.data(), y);
+    else if (qtype == Q4_1) prompt32_avx512<Q4_1, O>(c, pk, xs, off.data(), y);
+    else if (qtype == Q5_0) prompt32_avx512<Q5_0, O>(c, pk, xs, off.data(), y);
+    else prompt32_avx512<Q5_1, O>(c, pk, xs, off.data(), y);
+  };
+  if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  else run((uint16_t*)out.data_ptr<c10::BFloat16>());
+#endif
+  return out;
+}
+
+// A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above), the 32-element types from the packed
+// form on AVX-512 VNNI (prompt32_avx512: mm_packed's bits); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
 // packed: pack()'s form of w, read instead (the same values; w is then not read), or undefined. path: simd_path's.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> packed, int64_t path_asked) {
-  TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K, "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K only");
   const int path = simd_path("qmatmul.mm_prompt", path_asked);
   TORCH_CHECK(N % 16 == 0, "qmatmul.mm_prompt: N must be a multiple of 16");
   const bool from_packed = packed && packed->defined();  // then w is not read (it may be empty)
   const bool wide = path == AVX512VNNI;
+  TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || (type32(qtype) && from_packed && wide),
+              "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K, or a 32-element type from the packed form on AVX-512 VNNI");
+  if (type32(qtype)) return prompt32(x, *packed, qtype, N, K, bias);
   const Operands o = operands("qmatmul.mm_prompt", x, from_packed ? *packed : w, qtype, N, K, bias, from_packed);
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());  // written in x's dtype by the tiles

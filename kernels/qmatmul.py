@@ -135,20 +135,23 @@ def packed_mm(x: torch.Tensor, packed: torch.Tensor, qtype, N: int, K: int,
                                      _simd(path))  # an id as it is: a step calls ~110 layers
 
 
-PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants
+PROMPT_TYPES = ("q4_k", "q5_k", "q6_k")  # mm_prompt's: the K-quants (and the 32-element types' packed form on AVX-512)
 
 
 def prompt_mm(x: torch.Tensor, blocks: torch.Tensor | None, qtype, N: int, K: int,
               bias: torch.Tensor | None = None, packed: torch.Tensor | None = None,
               path: str | None = None) -> torch.Tensor | None:
     """A prompt's product x [..., K] (fp32 or bf16) · Wᵀ (+ bias) -> [..., N] in x's dtype, by qmatmul.cpp's int8
-    prompt kernel (mm_prompt: x quantized as gguf_mm quantizes it), or None where that does not run: another type,
-    N not a multiple of 16, neither AVX-512 VNNI nor AVX2, no build, or SPECDEC_QMATMUL=portable|torch. packed:
-    pack()'s form of the same weights, read instead of the blocks (no interleaving each call; the same values);
-    blocks may then be None. path: 'avx512', 'avx2' (tests), default the best here."""
-    if gb.type_name(qtype) not in PROMPT_TYPES or N % 16 or x.dtype not in (torch.float32, torch.bfloat16):
+    prompt kernel (mm_prompt: x quantized as gguf_mm quantizes it; a 32-element type's packed form on AVX-512 VNNI:
+    packed_mm's bits), or None where that does not run: another type, N not a multiple of 16, neither AVX-512 VNNI
+    nor AVX2, no build, or SPECDEC_QMATMUL=portable|torch. packed: pack()'s form of the same weights, read instead of
+    the blocks (no interleaving each call; the same values); blocks may then be None. path: 'avx512', 'avx2'
+    (tests), default the best here."""
+    name = gb.type_name(qtype)
+    if N % 16 or x.dtype not in (torch.float32, torch.bfloat16) or not prompt_runs():
         return None
-    if not prompt_runs():
+    if name not in PROMPT_TYPES and not (name in PACKED_32_TYPES and packed is not None
+                                         and (_simd(path) or extension().best_path()) == PATHS["avx512"]):
         return None
     if blocks is None:
         blocks = torch.empty(0, dtype=torch.uint8)  # not read: the packed form is

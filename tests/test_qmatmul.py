@@ -524,3 +524,36 @@ def test_the_32_element_packed_kernel_is_the_int8_product(name, ends, path):
         assert ((got.double() - want[:M]).abs() <= tol[:M]).all(), (M, ((got.double() - want[:M]).abs() / tol[:M]).max())
         if path == "avx2" and qmatmul.extension().best_path() == qmatmul.PATHS["avx512"]:
             assert torch.equal(got, qmatmul.packed_mm(x[:M], packed, name, N, K, bias, path="avx512")), M
+
+
+@pytest.mark.parametrize("ends", [None, "low", "high"])
+@pytest.mark.parametrize("name", qmatmul.PACKED_32_TYPES)
+def test_a_32_element_prompt_has_the_packed_kernels_bits(name, ends):
+    """The 32-element types' prompt kernel (AVX-512 VNNI, from the packed form) is the packed kernel's arithmetic in
+    other tiles (two blocks of 16 outputs, 6 rows, the quants unpacked once): every row gets mm_packed's bits, whatever
+    the rows (tiles short of 6, an odd block left over), fp32 and bf16, with and without a bias, the quants at their
+    ends too. On AVX2 prompt_mm leaves them to packed_mm (None)."""
+    simd_here("avx2")
+    N, K = 48, 768  # three blocks of 16: a pair and one alone
+    blocks = gb.random_blocks(name, N, K, seed=5)
+    if ends is not None:
+        blocks = blocks.reshape(N, K // 32, -1).clone()
+        for a, b, low, high in QUANT_BYTES_32[name]:
+            blocks[..., a:b] = low if ends == "low" else high
+        blocks = blocks.reshape(N, -1)
+    packed = qmatmul.pack(blocks, name, N, K)
+    assert qmatmul.prompt_mm(torch.randn(40, K), None, name, N, K, None, packed, path="avx2") is None
+    if qmatmul.extension().best_path() < qmatmul.PATHS["avx512"]:
+        pytest.skip("the 32-element prompt kernel runs on AVX-512 VNNI only")
+    x = torch.randn(41, K, generator=torch.Generator().manual_seed(2))
+    x[:, 5] *= 30
+    if ends is not None:
+        x = torch.full((41, K), 1.0)
+        x[1::2] *= -3.0
+    for dtype in (torch.float32, torch.bfloat16):
+        for bias in (None, torch.randn(N)):
+            for M in (41, 36, 35, 6, 1):
+                xm = x[:M].to(dtype)
+                got = qmatmul.prompt_mm(xm, None, name, N, K, bias, packed)
+                assert got is not None and got.dtype == dtype and got.shape == (M, N)
+                assert torch.equal(got, qmatmul.packed_mm(xm, packed, name, N, K, bias)), (dtype, M)

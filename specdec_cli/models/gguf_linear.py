@@ -1,11 +1,11 @@
 """GGUF weights run as they are: a causal LM whose linear layers multiply the file's own blocks (Q4_K, Q5_K, Q6_K,
 Q8_0, Q4_0/1, Q5_0/1) with kernels/qmatmul (on a CPU), the rest (embeddings, norms, biases) dequantized as today.
 A prompt's prefill (more tokens than any pass: PREFILL_TOKENS) goes through qmatmul's int8 prompt kernel where it
-runs (the K-quants on AVX-512 VNNI or AVX2: activations quantized as the steps quantize them), else multiplies the
-same weights dequantized to x's dtype. Steps and passes of Q4_K, Q5_K and Q6_K layers there, and of the 32-element
-types' (Q8_0, Q4_0/1, Q5_0/1), run from the weights packed once at load (GgufLinear.pack,
-qmatmul.packed_mm; the blocks then let go; the 32-element types' prompts run there too): a 9-row pass then costs
-little more than a step (AVX2: about two).
+runs (the K-quants on AVX-512 VNNI or AVX2: activations quantized as the steps quantize them; the 32-element types'
+packed form on AVX-512 VNNI: the steps' bits), else multiplies the same weights dequantized to x's dtype. Steps and
+passes of Q4_K, Q5_K and Q6_K layers there, and of the 32-element types' (Q8_0, Q4_0/1, Q5_0/1), run from the
+weights packed once at load (GgufLinear.pack, qmatmul.packed_mm; the blocks then let go; the 32-element types'
+prompts there too on AVX2): a 9-row pass then costs little more than a step (AVX2: about two).
 
     GgufLinear          one tensor's blocks [N, row_bytes] uint8 and its bias: y = x · Wᵀ + b in x's dtype
     join                layers that read the same input (q, k, v; gate, up) laid side by side in one buffer, and the
@@ -139,9 +139,9 @@ class GgufLinear(nn.Module):
         return held[1]
 
     def _from_packed(self, x: torch.Tensor, packed: torch.Tensor, prompt: bool) -> torch.Tensor:
-        """x · Wᵀ + b from the packed form: a prompt by the prompt kernel where its type has one (the K-quants), else
-        (a step, a pass, the 32-element types' prompts: 501 rows of Q8_0 in 0.7-0.8x the time of the dense bf16
-        product of its dequantized weights, AMD EPYC Zen 5) by the packed kernel; the padding rows' outputs dropped.
+        """x · Wᵀ + b from the packed form: a prompt by the prompt kernel where it runs (the K-quants; the 32-element
+        types on AVX-512 VNNI), else (a step, a pass, a 32-element type's prompt on AVX2) by the packed kernel; the
+        padding rows' outputs dropped.
         (Lean: a step calls ~110 layers; lookups here cost ~0.7 ms of a ~20 ms Qwen2.5-1.5B step, AMD EPYC Zen 5.)"""
         N, n, K = self.out_features, self.packed_rows, self.in_features
         bias = self.bias if n == N else self._padded_bias()
