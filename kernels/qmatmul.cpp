@@ -2576,12 +2576,21 @@ VNNI_FN inline __attribute__((always_inline)) void dot_rows(__m512i* ia, __m512i
   }
 }
 
+// Quads 2t and 2t + 1 of a packed Q4_x / Q5_x group o as unsigned bytes; hb: the group's fifth bits (Q5_x), moved
+// on to the next pair's
+template <int QT>
+VNNI_FN inline __attribute__((always_inline)) void quad_pair32(const uint8_t* o, int t, __m512i& hb, __m512i& w0,
+                                                               __m512i& w1) {
+  const __m512i v = _mm512_loadu_si512(o + 64 * t), lo4 = _mm512_set1_epi8(15);
+  w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+  if constexpr (five32(QT)) fifth_bits(hb, w0, w1);
+}
+
 template <int QT, int R, typename O>
 VNNI_FN void packed_tile32(const Call& c, const uint8_t* pk, const uint8_t* xs, const int32_t* off, int64_t m0,
                            int64_t b, O* y) {
   constexpr int64_t GB = packed_bytes(QT), AT = d_at32(QT);
   const int64_t groups = c.K / 32;
-  const __m512i lo4 = _mm512_set1_epi8(15);
   __m512 acc[R];
   for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
   const uint8_t* xr[R];
@@ -2594,12 +2603,9 @@ VNNI_FN void packed_tile32(const Call& c, const uint8_t* pk, const uint8_t* xs, 
     if constexpr (QT == Q8_0) {
       for (int t = 0; t < 8; t++) dot_rows<R>(ia, _mm512_loadu_si512(o + 64 * t), xr, g * 32 + 4 * t);
     } else {
-      __m512i hb = _mm512_setzero_si512();
-      if constexpr (five32(QT)) hb = _mm512_loadu_si512(o + 256);
+      __m512i hb = five32(QT) ? _mm512_loadu_si512(o + 256) : _mm512_setzero_si512(), w0, w1;
       for (int t = 0; t < 4; t++) {
-        const __m512i v = _mm512_loadu_si512(o + 64 * t);
-        __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-        if constexpr (five32(QT)) fifth_bits(hb, w0, w1);
+        quad_pair32<QT>(o, t, hb, w0, w1);
         dot_rows<R>(ia, w0, xr, g * 32 + 8 * t);
         dot_rows<R>(ia, w1, xr, g * 32 + 8 * t + 4);
       }
@@ -2632,15 +2638,11 @@ template <int QT>
 VNNI_FN void bytes32(const Call& c, const uint8_t* pk, int64_t b, uint8_t* q) {
   constexpr int64_t GB = packed_bytes(QT);
   const int64_t groups = c.K / 32;
-  const __m512i lo4 = _mm512_set1_epi8(15);
   const uint8_t* o = pk + b * groups * GB;
   for (int64_t g = 0; g < groups; g++, o += GB, q += 512) {
-    __m512i hb = _mm512_setzero_si512();
-    if constexpr (five32(QT)) hb = _mm512_loadu_si512(o + 256);
+    __m512i hb = five32(QT) ? _mm512_loadu_si512(o + 256) : _mm512_setzero_si512(), w0, w1;
     for (int t = 0; t < 4; t++) {
-      const __m512i v = _mm512_loadu_si512(o + 64 * t);
-      __m512i w0 = _mm512_and_si512(v, lo4), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-      if constexpr (five32(QT)) fifth_bits(hb, w0, w1);
+      quad_pair32<QT>(o, t, hb, w0, w1);
       _mm512_storeu_si512(q + 128 * t, w0);  // quad 2t
       _mm512_storeu_si512(q + 128 * t + 64, w1);  // quad 2t + 1
     }

@@ -481,6 +481,17 @@ QUANT_BYTES_32 = {"q8_0": [(2, 34, 0x80, 0x7F)], "q4_0": [(2, 18, 0x00, 0xFF)], 
                   "q5_0": [(2, 22, 0x00, 0xFF)], "q5_1": [(4, 24, 0x00, 0xFF)]}
 
 
+def _at_ends32(name, blocks, ends):
+    """blocks [N, row_bytes] with every quant at its lowest (`low`) or highest (`high`) value, or as they are (None)."""
+    if ends is None:
+        return blocks
+    N = blocks.shape[0]
+    blocks = blocks.reshape(N, -1, gb.TYPES[name][2]).clone()
+    for a, b, low, high in QUANT_BYTES_32[name]:
+        blocks[..., a:b] = low if ends == "low" else high
+    return blocks.reshape(N, -1)
+
+
 @pytest.mark.parametrize("path", SIMD)
 @pytest.mark.parametrize("ends", [None, "low", "high"])
 @pytest.mark.parametrize("name", qmatmul.PACKED_32_TYPES)
@@ -493,12 +504,7 @@ def test_the_32_element_packed_kernel_is_the_int8_product(name, ends, path):
     sign on x: |−128| · 127 twice) must neither wrap nor saturate; AVX2 gives AVX-512's bits there too."""
     simd_here(path)
     N, K = 48, 768
-    blocks = gb.random_blocks(name, N, K, seed=8)
-    if ends is not None:
-        blocks = blocks.reshape(N, K // 32, -1).clone()
-        for a, b, low, high in QUANT_BYTES_32[name]:
-            blocks[..., a:b] = low if ends == "low" else high
-        blocks = blocks.reshape(N, -1)
+    blocks = _at_ends32(name, gb.random_blocks(name, N, K, seed=8), ends)
     packed = qmatmul.pack(blocks, name, N, K)
     assert packed.shape[:2] == (N // 16, K // 32) and packed.numel() == blocks.numel()  # the file's bytes
     bias = torch.randn(N)
@@ -535,12 +541,7 @@ def test_a_32_element_prompt_has_the_packed_kernels_bits(name, ends):
     ends too. On AVX2 prompt_mm leaves them to packed_mm (None)."""
     simd_here("avx2")
     N, K = 48, 768  # three blocks of 16: a pair and one alone
-    blocks = gb.random_blocks(name, N, K, seed=5)
-    if ends is not None:
-        blocks = blocks.reshape(N, K // 32, -1).clone()
-        for a, b, low, high in QUANT_BYTES_32[name]:
-            blocks[..., a:b] = low if ends == "low" else high
-        blocks = blocks.reshape(N, -1)
+    blocks = _at_ends32(name, gb.random_blocks(name, N, K, seed=5), ends)
     packed = qmatmul.pack(blocks, name, N, K)
     assert qmatmul.prompt_mm(torch.randn(40, K), None, name, N, K, None, packed, path="avx2") is None
     if qmatmul.extension().best_path() < qmatmul.PATHS["avx512"]:
