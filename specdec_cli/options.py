@@ -405,7 +405,8 @@ class BenchOptions:
                                "the models' dtype, auto (default) or one of those.")
     overlap: float = option(0.8, "Synthetic draft/target overlap Σ min(p, q), i.e. the expected α.")
     repeat: int | None = option(None, "synthetic: timed calls per provider (default 50; more while under 0.1 s). A "
-                                "task: passes over the inputs per (γ, mode), the fastest kept (default 1).")
+                                "task: passes over the inputs per (γ, mode), in rounds that take every one in turn, the fastest kept "
+                                "(default 1).")
     backend: str = option(DecodeOptions.backend, help_of(DecodeOptions, "backend")[0])
     alpha: float = option(DecodeOptions.alpha, help_of(DecodeOptions, "alpha")[0])
     beta: float = option(DecodeOptions.beta, help_of(DecodeOptions, "beta")[0])

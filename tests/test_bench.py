@@ -821,3 +821,34 @@ def test_a_setting_names_its_draft_and_only_the_options_that_apply_to_it():
     assert runners._draft_label("lookup+embedded", 0, False) == "lookup+vocab full, unquantized"
     cfg = config.TaskConfig(task="summarize", gammas=[4], modes=["exact"])
     assert [s.draft for s in runners.task_settings(cfg)] == ["lookup"]
+
+
+def test_the_bench_interleaves_its_contenders_passes():
+    """run_contenders runs --repeat rounds, each decoding with every contender once, the first of a round rotating
+    (a host whose speed drifts slows them alike), and keeps each contender's fastest pass, after one short untimed
+    decode per mode."""
+    from types import SimpleNamespace
+
+    from specdec_cli.bench import contenders as C
+    from specdec_cli.decoding.stats import GenerationStats
+
+    cs = [C.AUTOREGRESSIVE, C.Contender("exact", 4, "auto"), C.Contender("sigmoid", 4, "auto")]
+    calls, walls = [], iter([5.0, 4.0, 6.0, 3.0, 9.0, 2.0, 7.0, 8.0, 1.0])  # the timed passes, in call order
+
+    def decode(c, short):
+        calls.append((c.mode, short))
+        stats = GenerationStats(c.mode, c.gamma, c.schedule or "constant", 1, new_tokens=10)
+        stats.wall_s = 0.1 if short else next(walls)
+        return [f"{c.mode} {stats.wall_s}"], stats.finish(), {}
+
+    labels = []
+    records = C.run_contenders(SimpleNamespace(repeat=3, device="cpu", task="synthetic"), cs, decode, None,
+                               labels.append, threads=1)
+    timed = [m for m, short in calls if not short]
+    assert sorted(m for m, short in calls if short) == ["autoregressive", "exact", "sigmoid"]
+    assert timed == ["autoregressive", "exact", "sigmoid", "exact", "sigmoid", "autoregressive",
+                     "sigmoid", "autoregressive", "exact"]
+    # autoregressive: 5, 2, 8 -> 2; exact: 4, 3, 1 -> 1; sigmoid: 6, 9, 7 -> 6
+    assert [r.mode for r in records] == ["autoregressive", "exact", "sigmoid"]
+    assert [r.wall_s for r in records] == [2.0, 1.0, 6.0] and records[1].outputs == ["exact 1.0"]
+    assert sorted(labels) == sorted(c.label for c in cs)

@@ -105,25 +105,30 @@ def contenders_of(config, autoregressive: bool = True) -> list[Contender]:
 def run_contenders(config, contenders: list[Contender], decode: Decode, references: list[str] | None,
                    progress: Progress, **setting) -> list[TaskRecord]:
     """A task runner's loop: each contender decodes every input. Every mode first runs one short untimed
-    decode (first-call costs stay out of the figures); each contender then runs config.repeat times and
-    keeps its fastest pass, with that pass's peak memory. `setting` (threads, draft) goes into each record."""
+    decode (first-call costs stay out of the figures); then config.repeat rounds, each running every contender
+    once, the first one of a round rotating (a host whose speed drifts over minutes slows them alike), and each
+    contender keeps its fastest pass, with that pass's peak memory. `setting` (threads, draft) goes into each
+    record."""
     for first in {c.mode: c for c in reversed(contenders)}.values():
         decode(first, True)
-    records = []
-    for c in contenders:
-        best = None
-        for _ in range(config.repeat):
+    n = len(contenders)
+    best: list = [None] * n  # per contender: (texts, stats, peak MiB, stages) of its fastest pass
+    for round_ in range(config.repeat):
+        for i in ((round_ + j) % n for j in range(n)):
             with PeakMemory(config.device) as peak:
-                texts, stats, stages = decode(c, False)
-            if best is None or stats.wall_s < best[1].wall_s:
-                best = (texts, stats, peak.mib, stages)
-        record = task_record(config.task, c, *best[:3], references, best[3])
+                texts, stats, stages = decode(contenders[i], False)
+            if best[i] is None or stats.wall_s < best[i][1].wall_s:
+                best[i] = (texts, stats, peak.mib, stages)
+            if round_ == config.repeat - 1:
+                progress(contenders[i].label)
+    records = []
+    for c, (texts, stats, mib, stages) in zip(contenders, best, strict=True):
+        record = task_record(config.task, c, texts, stats, mib, references, stages)
         record.threads = setting.get("threads")
         record.target_int8 = bool(setting.get("target_int8"))
         record.encoder_int8 = setting.get("encoder_int8")
         record.draft = None if c.mode == "autoregressive" else setting.get("draft")
         records.append(record)
-        progress(c.label)
     return records
 
 
