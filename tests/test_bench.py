@@ -689,14 +689,15 @@ def test_faster_whisper_peer_records(monkeypatch, tmp_path):
     """faster-whisper on the embedded base's CTranslate2 files (joined once into the cache): one record per
     compute type, on the clip given, its WER against the reference, at the thread count given. faster-whisper
     comes with the test extra: missing, this fails (test_the_test_extra_installs_every_peer says why)."""
-    from specdec_cli.bench import metrics, peers
+    from specdec_cli.bench import contenders, metrics, peers
     from specdec_cli.models import cache, whisper_convert
     from specdec_cli.tasks.audio import load_audio, reference_for
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     audio = load_audio(EXAMPLE_WAV)[: 8 * 16000]
     refs = [" ".join(reference_for(EXAMPLE_WAV).split()[:4])]
-    records = peers.faster_whisper_records("embedded", [audio], refs, threads=1, language="en", max_new_tokens=60)
+    runs = peers.faster_whisper_runs("embedded", [audio], refs, threads=1, language="en", max_new_tokens=60)
+    records = contenders.run_rounds(runs, 1, "cpu", lambda _label: None)
     assert [r.mode for r in records] == ["faster-whisper float32", "faster-whisper int8"]
     for r in records:
         assert r.peer == "faster-whisper" and r.threads == 1 and r.new_tokens > 0 and r.end_to_end_s == r.wall_s > 0
@@ -716,7 +717,7 @@ def test_faster_whisper_missing_is_one_line_and_the_bench_runs(monkeypatch, tmp_
 
     def fake_runner(config, progress):
         seen["config"] = config
-        seen["peer_records"] = runners.run_peers(config, [], None, 1, progress)
+        seen["peer_records"] = runners.peer_runs(config, [], None, 1)
         return _fake_records("transcribe")
 
     monkeypatch.setattr(runners, "run_task", fake_runner)

@@ -292,7 +292,7 @@ def test_llama_cpp_missing_is_one_line_and_the_bench_runs(monkeypatch, tiny_llam
     tc = config.TaskConfig("summarize", [2], ["exact"], schedules=["constant"], peers=["llama.cpp"],
                            options={"data": str(tmp_path), "target": str(tiny_llama_dir), "draft": "self:2"})
     assert harness.total_steps(tc) == 2  # autoregressive, exact γ 2: no step for the peer
-    assert runners.run_peers(tc, [], None, 1, lambda _m: None) == []
+    assert runners.peer_runs(tc, [], None, 1) == []
     assert len([w for w in config.warnings_for(tc) if "llama" in w]) == 1  # said once, before the run
     r = runner.invoke(app, ["bench", "--task", "transcribe", "--peers", "llama.cpp"])
     assert r.exit_code == 2 and "runs beside --task summarize" in r.output

@@ -102,34 +102,65 @@ def contenders_of(config, autoregressive: bool = True) -> list[Contender]:
     return ([AUTOREGRESSIVE] if autoregressive else []) + spec
 
 
-def run_contenders(config, contenders: list[Contender], decode: Decode, references: list[str] | None,
-                   progress: Progress, **setting) -> list[TaskRecord]:
-    """A task runner's loop: each contender decodes every input. Every mode first runs one short untimed
-    decode (first-call costs stay out of the figures); then config.repeat rounds, each running every contender
-    once, the first one of a round rotating (a host whose speed drifts over minutes slows them alike), and each
-    contender keeps its fastest pass, with that pass's peak memory. `setting` (threads, draft) goes into each
-    record."""
-    for first in {c.mode: c for c in reversed(contenders)}.values():
-        decode(first, True)
-    n = len(contenders)
-    best: list = [None] * n  # per contender: (texts, stats, peak MiB, stages) of its fastest pass
-    for round_ in range(config.repeat):
+@dataclass
+class Run:
+    """A contender as the rounds take it, specdec's or a peer tool's: warm() once, untimed (first calls); once() one
+    timed pass over every input -> (seconds, what record needs); record(that of its fastest pass, the pass's peak
+    memory in MiB) -> its TaskRecord."""
+
+    label: str
+    warm: Callable[[], None]
+    once: Callable[[], tuple[float, object]]
+    record: Callable[[object, float | None], TaskRecord]
+
+
+def run_rounds(runs: list[Run], repeat: int, device: str, progress: Progress) -> list[TaskRecord]:
+    """Every run warmed, then `repeat` rounds each taking every run once, the first of a round rotating (a host
+    whose speed drifts over minutes slows them alike); each run's record from its fastest pass, in `runs`' order."""
+    for r in runs:
+        r.warm()
+    n = len(runs)
+    best: list = [None] * n  # per run: (seconds, result, peak MiB) of its fastest pass
+    for round_ in range(repeat):
         for i in ((round_ + j) % n for j in range(n)):
-            with PeakMemory(config.device) as peak:
-                texts, stats, stages = decode(contenders[i], False)
-            if best[i] is None or stats.wall_s < best[i][1].wall_s:
-                best[i] = (texts, stats, peak.mib, stages)
-            if round_ == config.repeat - 1:
-                progress(contenders[i].label)
-    records = []
-    for c, (texts, stats, mib, stages) in zip(contenders, best, strict=True):
-        record = task_record(config.task, c, texts, stats, mib, references, stages)
-        record.threads = setting.get("threads")
-        record.target_int8 = bool(setting.get("target_int8"))
-        record.encoder_int8 = setting.get("encoder_int8")
-        record.draft = None if c.mode == "autoregressive" else setting.get("draft")
-        records.append(record)
-    return records
+            with PeakMemory(device) as peak:
+                seconds, result = runs[i].once()
+            if best[i] is None or seconds < best[i][0]:
+                best[i] = (seconds, result, peak.mib)
+            if round_ == repeat - 1:
+                progress(runs[i].label)
+    return [r.record(result, mib) for r, (_, result, mib) in zip(runs, best, strict=True)]
+
+
+def run_contenders(config, contenders: list[Contender], decode: Decode, references: list[str] | None,
+                   progress: Progress, peers: list[Run] = (), **setting) -> list[TaskRecord]:
+    """A task runner's loop: each contender decodes every input, in run_rounds with the `peers` (other tools' runs
+    on the same inputs) beside them. Every mode first runs one short untimed decode (first-call costs stay out of
+    the figures). `setting` (threads, draft) goes into each of the contenders' records."""
+    warmed: set[str] = set()
+
+    def run(c: Contender) -> Run:
+        def warm():
+            if c.mode not in warmed:
+                warmed.add(c.mode)
+                decode(c, True)
+
+        def once():
+            texts, stats, stages = decode(c, False)
+            return stats.wall_s, (texts, stats, stages)
+
+        def record(result, mib):
+            texts, stats, stages = result
+            r = task_record(config.task, c, texts, stats, mib, references, stages)
+            r.threads = setting.get("threads")
+            r.target_int8 = bool(setting.get("target_int8"))
+            r.encoder_int8 = setting.get("encoder_int8")
+            r.draft = None if c.mode == "autoregressive" else setting.get("draft")
+            return r
+
+        return Run(c.label, warm, once, record)
+
+    return run_rounds([run(c) for c in contenders] + list(peers), config.repeat, config.device, progress)
 
 
 def task_record(task: str, contender: Contender, texts: list[str], stats, peak_mib: float | None,

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec_cli.bench.contenders import Progress, TaskRecord, score_quality
-from specdec_cli.bench.machine import PeakMemory
+from specdec_cli.bench.contenders import Run, TaskRecord, score_quality
 from specdec_cli.drafts import model_draft, spec
 from specdec_cli.models.causal_lm import eos_ids
 
@@ -106,40 +105,38 @@ def _embedded_name(target: str) -> str | None:
     return name if name in EMBEDDED else None
 
 
-def faster_whisper_records(target: str, audios: list[np.ndarray], references: list[str] | None, *, threads: int,
-                           language: str, max_new_tokens: int, repeat: int = 1,
-                           progress: Progress | None = None) -> list[TaskRecord]:
-    """One TaskRecord per compute type: faster-whisper over every audio (16 kHz mono float32), the fastest of
-    `repeat` passes; wall_s = end_to_end_s = the passes' time, load excluded."""
+def faster_whisper_runs(target: str, audios: list[np.ndarray], references: list[str] | None, *, threads: int,
+                        language: str, max_new_tokens: int) -> list[Run]:
+    """One run per compute type (contenders.Run): faster-whisper over every audio (16 kHz mono float32); its record's
+    wall_s = end_to_end_s = a pass's time, load excluded."""
     from faster_whisper import WhisperModel
 
     from specdec_cli.models.whisper_convert import ensure_ct2
 
     folder = str(ensure_ct2(_embedded_name(target)))
     lang = None if language == "auto" else language
-    records = []
+    runs = []
     for compute in PEERS["faster-whisper"].variants:
         model = WhisperModel(folder, device="cpu", compute_type=compute, cpu_threads=threads)
-        _transcribe(model, [audios[0][: WARMUP_SECONDS * 16000]], lang, max_new_tokens)  # untimed
-        best = None
-        for _ in range(repeat):
-            with PeakMemory("cpu") as peak:
-                t0 = time.perf_counter()
-                texts, tokens = _transcribe(model, audios, lang, max_new_tokens)
-                wall = time.perf_counter() - t0
-            if best is None or wall < best[2]:
-                best = (texts, tokens, wall, peak.mib)
-        del model
-        texts, tokens, wall, mib = best
-        records.append(TaskRecord(
-            task="transcribe", gamma=0, mode=f"faster-whisper {compute}", new_tokens=tokens, wall_s=wall,
-            tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
-            verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=mib,
-            quality=score_quality("transcribe", texts, references) if references else {}, outputs=texts,
-            threads=threads, peer="faster-whisper", end_to_end_s=wall))
-        if progress:
-            progress(f"faster-whisper {compute}")
-    return records
+
+        def once(model=model):
+            t0 = time.perf_counter()
+            texts, tokens = _transcribe(model, audios, lang, max_new_tokens)
+            wall = time.perf_counter() - t0
+            return wall, (texts, tokens, wall)
+
+        def record(result, mib, compute=compute):
+            texts, tokens, wall = result
+            return TaskRecord(
+                task="transcribe", gamma=0, mode=f"faster-whisper {compute}", new_tokens=tokens, wall_s=wall,
+                tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
+                verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=mib,
+                quality=score_quality("transcribe", texts, references) if references else {}, outputs=texts,
+                threads=threads, peer="faster-whisper", end_to_end_s=wall)
+
+        warm = lambda model=model: _transcribe(model, [audios[0][: WARMUP_SECONDS * 16000]], lang, max_new_tokens)  # noqa: E731
+        runs.append(Run(f"faster-whisper {compute}", warm, once, record))
+    return runs
 
 
 def _transcribe(model, audios: list[np.ndarray], language: str | None, max_new_tokens: int) -> tuple[list[str], int]:
@@ -154,11 +151,10 @@ def _transcribe(model, audios: list[np.ndarray], language: str | None, max_new_t
     return texts, tokens
 
 
-def hf_assisted_records(opts, articles: list, references: list[str] | None, *, threads: int, repeat: int = 1,
-                        progress: Progress | None = None) -> list[TaskRecord]:
-    """One TaskRecord per variant (PEERS["hf-assisted"]): transformers' generate() over every article, the fastest
-    of `repeat` passes after an untimed two-token call; opts: the run's SummarizeOptions (target, draft, dtype,
-    device, max_new_tokens, truncation). The draft variant runs where the draft has a model (`variants`)."""
+def hf_assisted_runs(opts, articles: list, references: list[str] | None, *, threads: int) -> list[Run]:
+    """One run per variant (PEERS["hf-assisted"]; contenders.Run): transformers' generate() over every article, warmed
+    by a two-token call; opts: the run's SummarizeOptions (target, draft, dtype, device, max_new_tokens,
+    truncation). The draft variant runs where the draft has a model (`variants`)."""
     from specdec_cli.tasks import summarize as task
 
     target, draft = task.load_pair(opts.replace(mode="exact"), progress=False)
@@ -174,7 +170,7 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
             m.requires_grad_(True)  # the whole output layer on transformers' sliced last rows (decoding/adapters.py)
     generate_kwargs = {"draft": {"assistant_model": assistant},
                        "prompt lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
-    records = []
+    out = []
     for name in variants("hf-assisted", opts.draft):
 
         def run(ids, mask, new_tokens, kwargs=generate_kwargs[name]) -> list[int]:
@@ -184,33 +180,30 @@ def hf_assisted_records(opts, articles: list, references: list[str] | None, *, t
             new = out[0, ids.shape[1]:].tolist()
             return next((new[: i + 1] for i, t in enumerate(new) if t in eos), new)  # through the first EOS, as specdec counts
 
-        run(*prompts[0], 2)  # untimed: first calls of each shape
-        best = None
-        for _ in range(repeat):
-            with PeakMemory(str(model.device)) as peak:
-                t0 = time.perf_counter()
-                outputs = [run(ids, mask, opts.max_new_tokens) for ids, mask in prompts]
-                wall = time.perf_counter() - t0
-            if best is None or wall < best[1]:
-                best = (outputs, wall, peak.mib)
-        outputs, wall, mib = best
-        texts = [task.summary_text(tok, tokens, eos) for tokens in outputs]
-        tokens = sum(len(t) for t in outputs)
-        records.append(TaskRecord(
-            task="summarize", gamma=0, mode=f"hf-assisted {name}", new_tokens=tokens, wall_s=wall,
-            tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
-            verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=mib,
-            quality=score_quality("summarize", texts, references) if references else {}, outputs=texts,
-            threads=threads, peer="hf-assisted"))
-        if progress:
-            progress(f"hf-assisted {name}")
-    return records
+        def once(run=run):
+            t0 = time.perf_counter()
+            outputs = [run(ids, mask, opts.max_new_tokens) for ids, mask in prompts]
+            wall = time.perf_counter() - t0
+            return wall, (outputs, wall)
+
+        def record(result, mib, name=name):
+            outputs, wall = result
+            texts = [task.summary_text(tok, tokens, eos) for tokens in outputs]
+            tokens = sum(len(t) for t in outputs)
+            return TaskRecord(
+                task="summarize", gamma=0, mode=f"hf-assisted {name}", new_tokens=tokens, wall_s=wall,
+                tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
+                verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=mib,
+                quality=score_quality("summarize", texts, references) if references else {}, outputs=texts,
+                threads=threads, peer="hf-assisted")
+
+        out.append(Run(f"hf-assisted {name}", lambda run=run: run(*prompts[0], 2), once, record))  # warm: each shape's first calls
+    return out
 
 
-def llama_cpp_records(opts, articles: list, references: list[str] | None, *, threads: int, repeat: int = 1,
-                      progress: Progress | None = None) -> list[TaskRecord]:
-    """One TaskRecord: llama.cpp over every article (the module docstring), the fastest of `repeat` passes after an
-    untimed two-token call. opts: the run's SummarizeOptions (target, max_new_tokens, truncation)."""
+def llama_cpp_runs(opts, articles: list, references: list[str] | None, *, threads: int) -> list[Run]:
+    """One run (contenders.Run): llama.cpp over every article (the module docstring), warmed by a two-token call.
+    opts: the run's SummarizeOptions (target, max_new_tokens, truncation)."""
     from llama_cpp import Llama
 
     from specdec_cli.models.causal_lm import load_causal_lm
@@ -234,27 +227,23 @@ def llama_cpp_records(opts, articles: list, references: list[str] | None, *, thr
                 break  # the generator evaluates a token only when asked for the next: nothing more is computed
         return out, first, time.perf_counter() - t0
 
-    run(prompts[0], 2)  # untimed: first calls
-    best = None
-    for _ in range(repeat):
-        with PeakMemory("cpu") as peak:
-            runs = [run(ids, opts.max_new_tokens) for ids in prompts]
-        if best is None or sum(r[2] for r in runs) < sum(r[2] for r in best[0]):
-            best = (runs, peak.mib)
-    runs, mib = best
-    wall, prefill = sum(r[2] for r in runs), sum(r[1] for r in runs)
-    tokens = sum(len(r[0]) for r in runs)
-    texts = [task.summary_text(tok, r[0], eos) for r in runs]
-    record = TaskRecord(
-        task="summarize", gamma=0, mode="llama.cpp", new_tokens=tokens, wall_s=wall,
-        tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
-        verify_ms_per_call=None, draft_ms_per_forward=None,
-        target_ms_per_forward=1e3 * (wall - prefill) / (tokens - len(runs)) if tokens > len(runs) else None,
-        peak_memory_mib=mib, quality=score_quality("summarize", texts, references) if references else {},
-        outputs=texts, threads=threads, peer="llama.cpp", prefill_s=prefill, input_wall_s=[r[2] for r in runs])
-    if progress:
-        progress("llama.cpp")
-    return [record]
+    def once():
+        runs = [run(ids, opts.max_new_tokens) for ids in prompts]
+        return sum(r[2] for r in runs), runs
+
+    def record(runs, mib):
+        wall, prefill = sum(r[2] for r in runs), sum(r[1] for r in runs)
+        tokens = sum(len(r[0]) for r in runs)
+        texts = [task.summary_text(tok, r[0], eos) for r in runs]
+        return TaskRecord(
+            task="summarize", gamma=0, mode="llama.cpp", new_tokens=tokens, wall_s=wall,
+            tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
+            verify_ms_per_call=None, draft_ms_per_forward=None,
+            target_ms_per_forward=1e3 * (wall - prefill) / (tokens - len(runs)) if tokens > len(runs) else None,
+            peak_memory_mib=mib, quality=score_quality("summarize", texts, references) if references else {},
+            outputs=texts, threads=threads, peer="llama.cpp", prefill_s=prefill, input_wall_s=[r[2] for r in runs])
+
+    return [Run("llama.cpp", lambda: run(prompts[0], 2), once, record)]
 
 
 @contextlib.contextmanager

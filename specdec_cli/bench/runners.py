@@ -19,7 +19,15 @@ import torch
 
 from specdec_cli import options
 from specdec_cli.bench import peers
-from specdec_cli.bench.contenders import WARMUP_TOKENS, Contender, Progress, TaskRecord, contenders_of, run_contenders
+from specdec_cli.bench.contenders import (
+    WARMUP_TOKENS,
+    Contender,
+    Progress,
+    Run,
+    TaskRecord,
+    contenders_of,
+    run_contenders,
+)
 from specdec_cli.decoding import GenerationStats, merge_stats
 from specdec_cli.drafts import spec
 from specdec_cli.errors import SpecdecError
@@ -162,8 +170,8 @@ def read_inputs(task: str, paths: list[str]) -> list:
 def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
     """Every contender of `config` (a TaskConfig) over its inputs, at every point of its sweep (task_settings):
     autoregressive once per thread count (and target: --target-int8), the speculative contenders once per draft
-    setting, then the --peers tools at each thread count. One TaskRecord
-    each (contenders.aggregate derives the speedups). wall_s is the decoding loops' time (prefill included;
+    setting, the --peers tools at each thread count in the rounds of its first setting (beside the target alone).
+    One TaskRecord each (contenders.aggregate derives the speedups). wall_s is the decoding loops' time (prefill included;
     reading inputs and, for transcribe, the encoder left out). Leaves torch's thread count as it found it."""
     r = RUNNERS[config.task]
     paths, refs = task_inputs(config)
@@ -173,6 +181,7 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
     try:
         for threads, group in itertools.groupby(task_settings(config), key=lambda s: s.threads):
             torch.set_num_threads(threads)
+            first_of_group = True  # the --peers tools run in its rounds, beside the target alone
             for setting in group:
                 target, draft = r.load_pair(setting.options.replace(mode=config.modes[0]), progress=False)
 
@@ -188,11 +197,12 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
 
                 first = setting.target != previous
                 previous = setting.target
+                beside = peer_runs(config, inputs, refs, threads) if first_of_group else []
+                first_of_group = False
                 records += run_contenders(config, contenders_of(config, autoregressive=first), decode, refs,
-                                          progress, threads=threads, draft=setting.draft,
+                                          progress, peers=beside, threads=threads, draft=setting.draft,
                                           target_int8=setting.target_int8, encoder_int8=setting.encoder_int8)
-                del target, draft, decode  # one pair in memory at a time
-            records += run_peers(config, inputs, refs, threads, progress)
+                del target, draft, decode, beside  # one pair in memory at a time
     finally:
         torch.set_num_threads(saved)
     return records
@@ -207,20 +217,20 @@ def stages(stats: list) -> dict:
     return out
 
 
-def run_peers(config, inputs: list, refs: list[str] | None, threads: int, progress: Progress) -> list[TaskRecord]:
-    """The records of every --peers tool that can run here (peers.skipped: the one line the bench showed for
-    those that cannot), at this thread count, on the same inputs."""
+def peer_runs(config, inputs: list, refs: list[str] | None, threads: int) -> list[Run]:
+    """The runs (contenders.Run) of every --peers tool that can run here (peers.skipped: the one line the bench
+    showed for those that cannot), at this thread count, on the same inputs."""
     out = []
     opts = task_options(config)
     for name in config.peers:
         if peers.skipped(name, opts.target) is not None:
             continue
         if name == "hf-assisted":
-            out += peers.hf_assisted_records(opts, inputs, refs, threads=threads, repeat=config.repeat, progress=progress)
+            out += peers.hf_assisted_runs(opts, inputs, refs, threads=threads)
         elif name == "llama.cpp":
-            out += peers.llama_cpp_records(opts, inputs, refs, threads=threads, repeat=config.repeat, progress=progress)
+            out += peers.llama_cpp_runs(opts, inputs, refs, threads=threads)
         else:
-            out += peers.faster_whisper_records(opts.target, [audio for _, audio in inputs], refs, threads=threads,
-                                                language=getattr(opts, "language", "auto"),
-                                                max_new_tokens=opts.max_new_tokens, repeat=config.repeat, progress=progress)
+            out += peers.faster_whisper_runs(opts.target, [audio for _, audio in inputs], refs, threads=threads,
+                                             language=getattr(opts, "language", "auto"),
+                                             max_new_tokens=opts.max_new_tokens)
     return out
