@@ -105,12 +105,13 @@ def contenders_of(config, autoregressive: bool = True) -> list[Contender]:
 @dataclass
 class Run:
     """A contender as the rounds take it, specdec's or a peer tool's: warm() once, untimed (first calls); once() one
-    timed pass over every input -> (seconds, what record needs); record(that of its fastest pass, the pass's peak
-    memory in MiB) -> its TaskRecord."""
+    timed pass over every input -> (seconds, what record needs, its peak memory in MiB where measured in a process
+    of its own, else None: measured here); record(that of its fastest pass, the pass's peak memory) -> its
+    TaskRecord."""
 
     label: str
     warm: Callable[[], None]
-    once: Callable[[], tuple[float, object]]
+    once: Callable[[], tuple[float, object, float | None]]
     record: Callable[[object, float | None], TaskRecord]
 
 
@@ -124,9 +125,9 @@ def run_rounds(runs: list[Run], repeat: int, device: str, progress: Progress) ->
     for round_ in range(repeat):
         for i in ((round_ + j) % n for j in range(n)):
             with PeakMemory(device) as peak:
-                seconds, result = runs[i].once()
+                seconds, result, mib = runs[i].once()
             if best[i] is None or seconds < best[i][0]:
-                best[i] = (seconds, result, peak.mib)
+                best[i] = (seconds, result, peak.mib if mib is None else mib)
             if round_ == repeat - 1:
                 progress(runs[i].label)
     return [r.record(result, mib) for r, (_, result, mib) in zip(runs, best, strict=True)]
@@ -147,7 +148,7 @@ def run_contenders(config, contenders: list[Contender], decode: Decode, referenc
 
         def once():
             texts, stats, stages = decode(c, False)
-            return stats.wall_s, (texts, stats, stages)
+            return stats.wall_s, (texts, stats, stages), None
 
         def record(result, mib):
             texts, stats, stages = result

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from specdec_cli.bench.contenders import Run, TaskRecord, score_quality
+from specdec_cli.bench.machine import PeakMemory
 from specdec_cli.drafts import model_draft, spec
 from specdec_cli.models.causal_lm import eos_ids
 
@@ -123,7 +124,7 @@ def faster_whisper_runs(target: str, audios: list[np.ndarray], references: list[
             t0 = time.perf_counter()
             texts, tokens = _transcribe(model, audios, lang, max_new_tokens)
             wall = time.perf_counter() - t0
-            return wall, (texts, tokens, wall)
+            return wall, (texts, tokens, wall), None
 
         def record(result, mib, compute=compute):
             texts, tokens, wall = result
@@ -184,7 +185,7 @@ def hf_assisted_runs(opts, articles: list, references: list[str] | None, *, thre
             t0 = time.perf_counter()
             outputs = [run(ids, mask, opts.max_new_tokens) for ids, mask in prompts]
             wall = time.perf_counter() - t0
-            return wall, (outputs, wall)
+            return wall, (outputs, wall), None
 
         def record(result, mib, name=name):
             outputs, wall = result
@@ -229,7 +230,7 @@ def llama_cpp_runs(opts, articles: list, references: list[str] | None, *, thread
 
     def once():
         runs = [run(ids, opts.max_new_tokens) for ids in prompts]
-        return sum(r[2] for r in runs), runs
+        return sum(r[2] for r in runs), runs, None
 
     def record(runs, mib):
         wall, prefill = sum(r[2] for r in runs), sum(r[1] for r in runs)
@@ -244,6 +245,66 @@ def llama_cpp_runs(opts, articles: list, references: list[str] | None, *, thread
             outputs=texts, threads=threads, peer="llama.cpp", prefill_s=prefill, input_wall_s=[r[2] for r in runs])
 
     return [Run("llama.cpp", lambda: run(prompts[0], 2), once, record)]
+
+
+def served(name: str, *args, threads: int, **kwargs) -> list[Run]:
+    """Peer `name`'s runs (faster-whisper: faster_whisper_runs, hf-assisted, llama.cpp) built and run by a worker
+    process of its own (spawned), each pass's time and peak memory measured there: its models, memory and thread
+    pools stay apart from specdec's (in one process, faster-whisper's thread pools once run slowed torch's decoding by
+    ~25 %, benchmarks/longform.py; and a process's peak memory would hold every model of the bench). The worker ends
+    when the runs are let go (its pipe closed)."""
+    import multiprocessing
+
+    here, there = multiprocessing.get_context("spawn").Pipe()
+    worker = multiprocessing.get_context("spawn").Process(target=_serve, args=(name, args, kwargs, threads, there),
+                                                          daemon=True)
+    worker.start()
+    there.close()
+
+    def call(*message):
+        here.send(message)
+        out = here.recv()
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    labels = call("labels")
+    return [Run(label, lambda i=i: call("warm", i), lambda i=i: call("once", i),
+                lambda result, mib, i=i: call("record", i, result, mib)) for i, label in enumerate(labels)]
+
+
+BUILDERS = {"faster-whisper": "faster_whisper_runs", "hf-assisted": "hf_assisted_runs", "llama.cpp": "llama_cpp_runs"}
+
+
+def _serve(name: str, args: tuple, kwargs: dict, threads: int, conn) -> None:
+    """served()'s worker: builds the runs, then answers ("labels"), ("warm", i), ("once", i) -> (seconds, result, peak
+    MiB here), ("record", i, result, MiB) until its pipe closes; an exception is sent back in place of an answer."""
+    torch.set_num_threads(threads)
+    runs = None
+    while True:
+        try:
+            op, *rest = conn.recv()
+        except EOFError:
+            return
+        try:
+            if runs is None:
+                runs = globals()[BUILDERS[name]](*args, threads=threads, **kwargs)
+            if op == "labels":
+                conn.send([r.label for r in runs])
+            elif op == "warm":
+                runs[rest[0]].warm()
+                conn.send(None)
+            elif op == "once":
+                with PeakMemory("cpu") as peak:
+                    seconds, result, _ = runs[rest[0]].once()
+                conn.send((seconds, result, peak.mib))
+            else:
+                conn.send(runs[rest[0]].record(*rest[1:]))
+        except Exception as e:  # sent back: raised where the bench runs
+            try:
+                conn.send(e)
+            except Exception:  # it does not pickle: its words
+                conn.send(RuntimeError(f"{name}: {type(e).__name__}: {e}"))
 
 
 @contextlib.contextmanager

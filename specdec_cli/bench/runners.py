@@ -219,18 +219,16 @@ def stages(stats: list) -> dict:
 
 def peer_runs(config, inputs: list, refs: list[str] | None, threads: int) -> list[Run]:
     """The runs (contenders.Run) of every --peers tool that can run here (peers.skipped: the one line the bench
-    showed for those that cannot), at this thread count, on the same inputs."""
+    showed for those that cannot), at this thread count, on the same inputs, each tool in a process of its own
+    (peers.served)."""
     out = []
     opts = task_options(config)
     for name in config.peers:
         if peers.skipped(name, opts.target) is not None:
             continue
-        if name == "hf-assisted":
-            out += peers.hf_assisted_runs(opts, inputs, refs, threads=threads)
-        elif name == "llama.cpp":
-            out += peers.llama_cpp_runs(opts, inputs, refs, threads=threads)
-        else:
-            out += peers.faster_whisper_runs(opts.target, [audio for _, audio in inputs], refs, threads=threads,
-                                             language=getattr(opts, "language", "auto"),
-                                             max_new_tokens=opts.max_new_tokens)
+        if name == "faster-whisper":
+            out += peers.served(name, opts.target, [audio for _, audio in inputs], refs, threads=threads,
+                                language=getattr(opts, "language", "auto"), max_new_tokens=opts.max_new_tokens)
+        else:  # hf-assisted, llama.cpp
+            out += peers.served(name, opts, inputs, refs, threads=threads)
     return out
