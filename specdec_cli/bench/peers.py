@@ -247,18 +247,17 @@ def llama_cpp_runs(opts, articles: list, references: list[str] | None, *, thread
     return [Run("llama.cpp", lambda: run(prompts[0], 2), once, record)]
 
 
-def served(name: str, *args, threads: int, **kwargs) -> list[Run]:
-    """Peer `name`'s runs (faster-whisper: faster_whisper_runs, hf-assisted, llama.cpp) built and run by a worker
-    process of its own (spawned), each pass's time and peak memory measured there: its models, memory and thread
-    pools stay apart from specdec's (in one process, faster-whisper's thread pools once run slowed torch's decoding by
-    ~25 %, benchmarks/longform.py; and a process's peak memory would hold every model of the bench). The worker ends
-    when the runs are let go (its pipe closed)."""
+def served(name: str, *args, threads: int, device: str = "cpu", **kwargs) -> list[Run]:
+    """Peer `name`'s runs (BUILDERS[name](*args, threads=threads, **kwargs)) built and run by a worker process of its
+    own (spawned), each pass's time and peak memory (PeakMemory(device)) measured there: its models, memory and
+    thread pools stay apart from specdec's (in one process, faster-whisper's thread pools once run slowed torch's
+    decoding by ~25 %, benchmarks/longform.py; and a process's peak memory would hold every model of the bench). The
+    worker ends when the runs are let go (its pipe closed)."""
     import multiprocessing
 
-    here, there = multiprocessing.get_context("spawn").Pipe()
-    worker = multiprocessing.get_context("spawn").Process(target=_serve, args=(name, args, kwargs, threads, there),
-                                                          daemon=True)
-    worker.start()
+    spawn = multiprocessing.get_context("spawn")
+    here, there = spawn.Pipe()
+    spawn.Process(target=_serve, args=(name, args, kwargs, threads, device, there), daemon=True).start()
     there.close()
 
     def call(*message):
@@ -273,10 +272,10 @@ def served(name: str, *args, threads: int, **kwargs) -> list[Run]:
                 lambda result, mib, i=i: call("record", i, result, mib)) for i, label in enumerate(labels)]
 
 
-BUILDERS = {"faster-whisper": "faster_whisper_runs", "hf-assisted": "hf_assisted_runs", "llama.cpp": "llama_cpp_runs"}
+BUILDERS = {"faster-whisper": faster_whisper_runs, "hf-assisted": hf_assisted_runs, "llama.cpp": llama_cpp_runs}
 
 
-def _serve(name: str, args: tuple, kwargs: dict, threads: int, conn) -> None:
+def _serve(name: str, args: tuple, kwargs: dict, threads: int, device: str, conn) -> None:
     """served()'s worker: builds the runs, then answers ("labels"), ("warm", i), ("once", i) -> (seconds, result, peak
     MiB here), ("record", i, result, MiB) until its pipe closes; an exception is sent back in place of an answer."""
     torch.set_num_threads(threads)
@@ -288,14 +287,14 @@ def _serve(name: str, args: tuple, kwargs: dict, threads: int, conn) -> None:
             return
         try:
             if runs is None:
-                runs = globals()[BUILDERS[name]](*args, threads=threads, **kwargs)
+                runs = BUILDERS[name](*args, threads=threads, **kwargs)
             if op == "labels":
                 conn.send([r.label for r in runs])
             elif op == "warm":
                 runs[rest[0]].warm()
                 conn.send(None)
             elif op == "once":
-                with PeakMemory("cpu") as peak:
+                with PeakMemory(device) as peak:
                     seconds, result, _ = runs[rest[0]].once()
                 conn.send((seconds, result, peak.mib))
             else:

@@ -229,6 +229,7 @@ def peer_runs(config, inputs: list, refs: list[str] | None, threads: int) -> lis
         if name == "faster-whisper":
             out += peers.served(name, opts.target, [audio for _, audio in inputs], refs, threads=threads,
                                 language=getattr(opts, "language", "auto"), max_new_tokens=opts.max_new_tokens)
-        else:  # hf-assisted, llama.cpp
-            out += peers.served(name, opts, inputs, refs, threads=threads)
+        else:  # hf-assisted (on the run's device), llama.cpp
+            out += peers.served(name, opts, inputs, refs, threads=threads,
+                                device=config.device if name == "hf-assisted" else "cpu")
     return out
