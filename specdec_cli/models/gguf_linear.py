@@ -82,7 +82,7 @@ class GgufLinear(nn.Module):
         self.packed_rows = _padded(out_features)  # the packed form's: whole groups of 16
         want = (out_features, gguf_blocks.row_bytes(self.qtype, in_features))
         if packed is not None:
-            shape = (_padded(out_features) // 16, in_features // qmatmul.packed_group(self.qtype))
+            shape = (self.packed_rows // 16, in_features // qmatmul.packed_group(self.qtype))
             if blocks is not None or tuple(packed.shape[:2]) != shape:
                 raise ValueError(f"the packed form of a [{out_features}, {in_features}] weight is "
                                  f"[{shape[0]}, {shape[1]}, bytes], without blocks")
