@@ -853,3 +853,12 @@ def test_the_bench_interleaves_its_contenders_passes():
     assert [r.mode for r in records] == ["autoregressive", "exact", "sigmoid"]
     assert [r.wall_s for r in records] == [2.0, 1.0, 6.0] and records[1].outputs == ["exact 1.0"]
     assert sorted(labels) == sorted(c.label for c in cs)
+
+
+def test_a_peer_workers_errors_come_back_to_the_bench():
+    """peers.served runs a peer in a spawned worker: an error there is raised where the bench runs (here a peer
+    the worker has no builder for), not lost with the process."""
+    from specdec_cli.bench import peers
+
+    with pytest.raises(KeyError, match="no-such-peer"):
+        peers.served("no-such-peer", threads=1)

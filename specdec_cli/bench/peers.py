@@ -257,12 +257,18 @@ def served(name: str, *args, threads: int, device: str = "cpu", **kwargs) -> lis
 
     spawn = multiprocessing.get_context("spawn")
     here, there = spawn.Pipe()
-    spawn.Process(target=_serve, args=(name, args, kwargs, threads, device, there), daemon=True).start()
+    worker = spawn.Process(target=_serve, args=(name, args, kwargs, threads, device, there), daemon=True)
+    worker.start()
     there.close()
 
     def call(*message):
-        here.send(message)
-        out = here.recv()
+        try:
+            here.send(message)
+            out = here.recv()
+        except (EOFError, OSError):  # it died (a crash, the kernel's OOM killer): say so in one line
+            worker.join(5)
+            raise RuntimeError(f"--peers {name}: its worker process ended without an answer "
+                               f"(exit code {worker.exitcode})") from None
         if isinstance(out, BaseException):
             raise out
         return out
