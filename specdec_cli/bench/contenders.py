@@ -117,7 +117,8 @@ class Run:
 
 def run_rounds(runs: list[Run], repeat: int, device: str, progress: Progress) -> list[TaskRecord]:
     """Every run warmed, then `repeat` rounds each taking every run once, the first of a round rotating (a host
-    whose speed drifts over minutes slows them alike); each run's record from its fastest pass, in `runs`' order."""
+    whose speed drifts over minutes slows them alike; progress after each pass); each run's record from its fastest
+    pass, in `runs`' order."""
     for r in runs:
         r.warm()
     n = len(runs)
@@ -128,8 +129,7 @@ def run_rounds(runs: list[Run], repeat: int, device: str, progress: Progress) ->
                 seconds, result, mib = runs[i].once()
             if best[i] is None or seconds < best[i][0]:
                 best[i] = (seconds, result, peak.mib if mib is None else mib)
-            if round_ == repeat - 1:
-                progress(runs[i].label)
+            progress(runs[i].label)
     return [r.record(result, mib) for r, (_, result, mib) in zip(runs, best, strict=True)]
 
 

@@ -56,7 +56,8 @@ def run(config: SyntheticConfig | TaskConfig, progress: Progress | None = None,
 
 
 def total_steps(config: SyntheticConfig | TaskConfig) -> int:
-    """Units of progress a run reports (grid points; for a task, its contenders at every point of its sweep)."""
+    """Units of progress a run reports (grid points; for a task, each pass of its contenders at every point of its
+    sweep, --repeat of them)."""
     if isinstance(config, SyntheticConfig):
         return len(grid(config))
     if config.ray is not None:  # one step per input: each decoded by every contender on one actor
@@ -66,4 +67,5 @@ def total_steps(config: SyntheticConfig | TaskConfig) -> int:
     opts = runners.task_options(config)
     peer_steps = sum(len(peers.variants(p, opts.draft)) for p in config.peers if peers.skipped(p, opts.target) is None)
     threads = len({s.threads for s in settings})
-    return targets + len(settings) * len(config.schedules) * len(config.gammas) * len(config.modes) + threads * peer_steps
+    runs = targets + len(settings) * len(config.schedules) * len(config.gammas) * len(config.modes) + threads * peer_steps
+    return runs * config.repeat
