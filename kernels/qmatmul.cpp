@@ -3005,10 +3005,12 @@ void quantize32(const torch::Tensor& x, int64_t qtype, bool wide, int8_t* xq, fl
 
 // y = x · Wᵀ (+ bias) from pack's form of W (AVX-512 VNNI or AVX2, the same values), any number of rows:
 // x [..., K] fp32 or bf16 -> [..., N]
-torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
-                        c10::optional<torch::Tensor> bias, int64_t path) {
-  const Operands o = operands("qmatmul.mm_packed", x, packed, qtype, N, K, bias, true);
-  const bool wide = simd_path("qmatmul.mm_packed", path) == AVX512VNNI;
+// prompt: a 32-element type's prompt on AVX-512 VNNI (mm_prompt: prompt32_avx512, the packed tiles' bits)
+torch::Tensor packed_product(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
+                             c10::optional<torch::Tensor> bias, int64_t path, bool prompt) {
+  const char* who = prompt ? "qmatmul.mm_prompt" : "qmatmul.mm_packed";
+  const Operands o = operands(who, x, packed, qtype, N, K, bias, true);
+  const bool wide = simd_path(who, path) == AVX512VNNI;
   const bool q32 = type32(qtype);
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());
@@ -3019,9 +3021,7 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
          o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
   // Q6_K: −32 · Σ x per 16 (its slots), the offset's; the 32-element types: −o · Σ x per 32
   std::vector<int32_t> off16(qtype == Q6_K ? M * (K / 16) : q32 ? M * (K / 32) : 0);
-#if QMM_X86
   if (q32) quantize32(o.x, qtype, wide, xq8.data(), dx.data(), off16.data(), xsd.data());
-#endif
   if (!q32) {
     quantize_rows(o.x, c, wide ? AVX512VNNI : AVX2, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data());
     for (int64_t i = 0; i < (int64_t)off16.size(); i++) {
@@ -3035,6 +3035,14 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   const uint8_t* xs = (const uint8_t*)xq8.data();
   auto run = [&](auto* y) {
     using O = std::remove_pointer_t<decltype(y)>;
+    if (prompt) {
+      if (qtype == Q8_0) prompt32_avx512<Q8_0, O>(c, pk, xs, off16.data(), y);
+      else if (qtype == Q4_0) prompt32_avx512<Q4_0, O>(c, pk, xs, off16.data(), y);
+      else if (qtype == Q4_1) prompt32_avx512<Q4_1, O>(c, pk, xs, off16.data(), y);
+      else if (qtype == Q5_0) prompt32_avx512<Q5_0, O>(c, pk, xs, off16.data(), y);
+      else prompt32_avx512<Q5_1, O>(c, pk, xs, off16.data(), y);
+      return;
+    }
     chunks(N / 16, 1, [&](int64_t b0, int64_t b1) {
       if (qtype == Q8_0) (wide ? packed_blocks<Q8_0, O, true> : packed_blocks<Q8_0, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
       else if (qtype == Q4_0) (wide ? packed_blocks<Q4_0, O, true> : packed_blocks<Q4_0, O, false>)(c, pk, xs, off16.data(), b0, b1, y);
@@ -3052,38 +3060,13 @@ torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, in
   return out;
 }
 
-// mm_prompt for a 32-element type (packed, AVX-512 VNNI): x quantized as mm_packed quantizes it, then prompt32_avx512
-torch::Tensor prompt32(torch::Tensor x, const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K,
-                       c10::optional<torch::Tensor> bias) {
-  const Operands o = operands("qmatmul.mm_prompt", x, packed, qtype, N, K, bias, true);
-  const int64_t M = o.M;
-  auto out = torch::empty(o.shape, o.x.options());
-  if (M == 0 || N == 0) return out;
-  std::vector<int8_t> xq8(M * K);
-  std::vector<float> dx(M * (K / 32)), xsd(min32(qtype) ? M * (K / 32) : 0);
-  std::vector<int32_t> off(M * (K / 32));
-  quantize32(o.x, qtype, true, xq8.data(), dx.data(), off.data(), xsd.data());
-#if QMM_X86
-  Call c{nullptr, N, K, M, 0, s16(K), (int)qtype, o.f, nullptr, xq8.data(), nullptr, nullptr, dx.data(), xsd.data(),
-         o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, nullptr, nullptr};
-  const uint8_t* pk = packed.data_ptr<uint8_t>();
-  const uint8_t* xs = (const uint8_t*)xq8.data();
-  auto run = [&](auto* y) {
-    using O = std::remove_pointer_t<decltype(y)>;
-    if (qtype == Q8_0) prompt32_avx512<Q8_0, O>(c, pk, xs, off.data(), y);
-    else if (qtype == Q4_0) prompt32_avx512<Q4_0, O>(c, pk, xs, off.data(), y);
-    else if (qtype == Q4_1) prompt32_avx512<Q4_1, O>(c, pk, xs, off.data(), y);
-    else if (qtype == Q5_0) prompt32_avx512<Q5_0, O>(c, pk, xs, off.data(), y);
-    else prompt32_avx512<Q5_1, O>(c, pk, xs, off.data(), y);
-  };
-  if (o.x.scalar_type() == at::kFloat) run(out.data_ptr<float>());
-  else run((uint16_t*)out.data_ptr<c10::BFloat16>());
-#endif
-  return out;
+torch::Tensor mm_packed(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K,
+                        c10::optional<torch::Tensor> bias, int64_t path) {
+  return packed_product(x, packed, qtype, N, K, bias, path, false);
 }
 
 // A prompt's product, Q4_K / Q5_K / Q6_K on AVX-512 VNNI or AVX2 (see above), the 32-element types from the packed
-// form on AVX-512 VNNI (prompt32_avx512: mm_packed's bits); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
+// form on AVX-512 VNNI (packed_product: prompt32_avx512, mm_packed's bits); x [..., K] fp32 or bf16 -> [..., N] in x's dtype.
 // packed: pack()'s form of w, read instead (the same values; w is then not read), or undefined. path: simd_path's.
 torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                         c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> packed, int64_t path_asked) {
@@ -3093,7 +3076,7 @@ torch::Tensor mm_prompt(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t
   const bool wide = path == AVX512VNNI;
   TORCH_CHECK(qtype == Q4_K || qtype == Q5_K || qtype == Q6_K || (type32(qtype) && from_packed && wide),
               "qmatmul.mm_prompt: Q4_K, Q5_K or Q6_K, or a 32-element type from the packed form on AVX-512 VNNI");
-  if (type32(qtype)) return prompt32(x, *packed, qtype, N, K, bias);
+  if (type32(qtype)) return packed_product(x, *packed, qtype, N, K, bias, path, true);
   const Operands o = operands("qmatmul.mm_prompt", x, from_packed ? *packed : w, qtype, N, K, bias, from_packed);
   const int64_t M = o.M;
   auto out = torch::empty(o.shape, o.x.options());  // written in x's dtype by the tiles

@@ -5,7 +5,7 @@
     packed_mm     Q4_K / Q5_K / Q6_K and Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 on AVX-512 VNNI or AVX2: steps and
                   passes from weights packed once (pack), the cost nearly flat in the rows of a pass (AVX-512 VNNI;
                   AVX2: about twice a step at 9 rows)
-    prompt_mm     a prompt's product of the K-quants (AVX-512 VNNI or AVX2)
+    prompt_mm     a prompt's product of the K-quants (AVX-512 VNNI or AVX2), the 32-element types' (AVX-512 VNNI)
     twin_mm       the same arithmetic in torch ops: the same values bit for bit, slowly (the fallback, and the tests')
     reference_mm  the plain reference: the file's weights dequantized to fp32 (gguf_blocks.dequantize), x · Wᵀ in fp64
 
