@@ -121,8 +121,6 @@ class GgufLinear(nn.Module):
         if x.dim() >= 2 and x.shape[-2] > PREFILL_TOKENS:  # [.., T, in] with T past any pass: a prefill
             return self.prefill(x)
         packed = self.packed
-        if packed is not None and self.packed_rows == self.out_features:  # a step or pass (lean: see _from_packed)
-            return qmatmul.packed_mm(x, packed, self.type_id, self.out_features, self.in_features, self.bias)
         if packed is not None:
             return self._from_packed(x, packed, prompt=False)
         return qmatmul.gguf_mm(x, self.blocks, self.qtype, self.out_features, self.in_features, self.bias)
