@@ -106,6 +106,19 @@ def _embedded_name(target: str) -> str | None:
     return name if name in EMBEDDED else None
 
 
+def _record(task: str, mode: str, texts: list[str], tokens: int, wall: float, mib: float | None,
+            references: list[str] | None, threads: int, peer: str, target_ms_per_forward: float | None = None,
+            **more) -> TaskRecord:
+    """A peer's TaskRecord from its fastest pass (no draft, no verification of its own); `more`: its other
+    measured fields (end_to_end_s, prefill_s, input_wall_s)."""
+    return TaskRecord(
+        task=task, gamma=0, mode=mode, new_tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        acceptance_rate=None, mean_accepted_per_call=None, verify_ms_per_call=None, draft_ms_per_forward=None,
+        target_ms_per_forward=target_ms_per_forward, peak_memory_mib=mib,
+        quality=score_quality(task, texts, references) if references else {}, outputs=texts, threads=threads,
+        peer=peer, **more)
+
+
 def faster_whisper_runs(target: str, audios: list[np.ndarray], references: list[str] | None, *, threads: int,
                         language: str, max_new_tokens: int) -> list[Run]:
     """One run per compute type (contenders.Run): faster-whisper over every audio (16 kHz mono float32); its record's
@@ -128,12 +141,8 @@ def faster_whisper_runs(target: str, audios: list[np.ndarray], references: list[
 
         def record(result, mib, compute=compute):
             texts, tokens, wall = result
-            return TaskRecord(
-                task="transcribe", gamma=0, mode=f"faster-whisper {compute}", new_tokens=tokens, wall_s=wall,
-                tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
-                verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=mib,
-                quality=score_quality("transcribe", texts, references) if references else {}, outputs=texts,
-                threads=threads, peer="faster-whisper", end_to_end_s=wall)
+            return _record("transcribe", f"faster-whisper {compute}", texts, tokens, wall, mib, references, threads,
+                           "faster-whisper", end_to_end_s=wall)
 
         warm = lambda model=model: _transcribe(model, [audios[0][: WARMUP_SECONDS * 16000]], lang, max_new_tokens)  # noqa: E731
         runs.append(Run(f"faster-whisper {compute}", warm, once, record))
@@ -190,13 +199,8 @@ def hf_assisted_runs(opts, articles: list, references: list[str] | None, *, thre
         def record(result, mib, name=name):
             outputs, wall = result
             texts = [task.summary_text(tok, tokens, eos) for tokens in outputs]
-            tokens = sum(len(t) for t in outputs)
-            return TaskRecord(
-                task="summarize", gamma=0, mode=f"hf-assisted {name}", new_tokens=tokens, wall_s=wall,
-                tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
-                verify_ms_per_call=None, draft_ms_per_forward=None, target_ms_per_forward=None, peak_memory_mib=mib,
-                quality=score_quality("summarize", texts, references) if references else {}, outputs=texts,
-                threads=threads, peer="hf-assisted")
+            return _record("summarize", f"hf-assisted {name}", texts, sum(len(t) for t in outputs), wall, mib,
+                           references, threads, "hf-assisted")
 
         out.append(Run(f"hf-assisted {name}", lambda run=run: run(*prompts[0], 2), once, record))  # warm: each shape's first calls
     return out
@@ -236,13 +240,9 @@ def llama_cpp_runs(opts, articles: list, references: list[str] | None, *, thread
         wall, prefill = sum(r[2] for r in runs), sum(r[1] for r in runs)
         tokens = sum(len(r[0]) for r in runs)
         texts = [task.summary_text(tok, r[0], eos) for r in runs]
-        return TaskRecord(
-            task="summarize", gamma=0, mode="llama.cpp", new_tokens=tokens, wall_s=wall,
-            tokens_per_s=tokens / wall if wall > 0 else 0.0, acceptance_rate=None, mean_accepted_per_call=None,
-            verify_ms_per_call=None, draft_ms_per_forward=None,
-            target_ms_per_forward=1e3 * (wall - prefill) / (tokens - len(runs)) if tokens > len(runs) else None,
-            peak_memory_mib=mib, quality=score_quality("summarize", texts, references) if references else {},
-            outputs=texts, threads=threads, peer="llama.cpp", prefill_s=prefill, input_wall_s=[r[2] for r in runs])
+        return _record("summarize", "llama.cpp", texts, tokens, wall, mib, references, threads, "llama.cpp",
+                       target_ms_per_forward=1e3 * (wall - prefill) / (tokens - len(runs)) if tokens > len(runs) else None,
+                       prefill_s=prefill, input_wall_s=[r[2] for r in runs])
 
     return [Run("llama.cpp", lambda: run(prompts[0], 2), once, record)]
 
