@@ -64,7 +64,10 @@ def test_the_data_starts_at_the_files_alignment(tmp_path, alignment):
     path.write_bytes(head + bytes(start - len(head)) + rows.tobytes())
     (t,) = gguf_tensors.read_tensors(path).values()
     assert (t.name, t.type_id, t.dims, t.start, t.rows) == ("blk.0.w.weight", 8, (32, 2), start, 2)
-    assert np.array_equal(gguf_tensors.read_blocks(path, t), rows)
+    blocks = gguf_tensors.read_blocks(path, t)
+    assert np.array_equal(blocks, rows)
+    blocks[0, 0] = 99  # mapped copy-on-write: the array is ours to write, the file stays as it was
+    assert path.read_bytes()[start:] == rows.tobytes() and blocks[0, 0] == 99
 
 
 def test_a_bad_file_is_one_line(tmp_path):
