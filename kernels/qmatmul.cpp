@@ -2195,19 +2195,23 @@ inline uint32_t rd32(const uint8_t* p) {
 }
 inline void wr32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
-// Row r's quants of one Q4_K or Q6_K block blk into o, pack_rows' form (the bytes its loop below writes for them), four
-// bytes a step: each byte's arithmetic stays in its byte (Q4_K nibbles; Q6_K 6-bit quants, 2-bit parts under 1 << 8)
+// Row r's quants of one K-quant block blk into o, pack_rows' form (unpack_rows reads them back), four bytes a step: each
+// byte's arithmetic stays in its byte (nibbles, fifth bits, 6-bit quants and their 2-bit parts), any byte order
 void pack_quants_words(int qtype, const uint8_t* blk, int r, uint8_t* o) {
-  constexpr uint32_t LO4 = 0x0F0F0F0Fu, LO2 = 0x03030303u;
-  if (qtype == Q4_K) {  // slot j: sub-block SB[j], the low (even) or high (odd) nibbles of qs[32 · (SB[j] / 2) ...]
-    const uint8_t* qs = blk + 16;
+  constexpr uint32_t LO4 = 0x0F0F0F0Fu, LO2 = 0x03030303u, LO1 = 0x01010101u;
+  if (qtype != Q6_K) {  // slot j: sub-block SB[j], the low (even) or high (odd) nibbles of qs[32 · (SB[j] / 2) ...]
+    const bool five = qtype == Q5_K;
+    const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
     for (int j = 0; j < 8; j++) {
       const int sub = SB[j], shift = 4 * (sub & 1);
       const uint8_t* q = qs + 32 * (sub / 2);
+      uint32_t fifth = 0;  // Q5_K: bit sub of qh[l], as bits 2t (a) and 2t + 1 (b) of the slot's bytes
       for (int t = 0; t < 4; t++) {
         const uint32_t a = rd32(q + 8 * t) >> shift & LO4, b = rd32(q + 8 * t + 4) >> shift & LO4;
         wr32(o + (4 * j + t) * 64 + 4 * r, a | b << 4);
+        if (five) fifth |= (rd32(qh + 8 * t) >> sub & LO1) << 2 * t | (rd32(qh + 8 * t + 4) >> sub & LO1) << (2 * t + 1);
       }
+      if (five) wr32(o + 2048 + 64 * j + 4 * r, fifth);
     }
     return;
   }
@@ -2225,35 +2229,19 @@ void pack_quants_words(int qtype, const uint8_t* blk, int r, uint8_t* o) {
 // Rows [16·b0, 16·b1) of w into out [N / 16][K / 256][packed_bytes]; portable (a load's work)
 void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
   if (type32(qtype)) return pack_rows32(w, qtype, K, row_bytes, b0, b1, out);
-  const int64_t groups = K / 256, gb = packed_bytes(qtype);
+  const int64_t groups = K / 256, gb = packed_bytes(qtype), h5 = high5(qtype);
   const int bb = format_of(qtype).block_bytes;
-  const bool words = qtype == Q4_K || qtype == Q6_K;  // their quants by pack_quants_words, Q5_K's byte by byte
-  uint8_t u[16][256];
-  int16_t s[128];
   for (int64_t b = b0; b < b1; b++)
     for (int64_t g = 0; g < groups; g++) {
       uint8_t* o = out + (b * groups + g) * gb;
-      if (high5(qtype)) std::memset(o + 2048, 0, HIGH5);  // the fifth bits, or-ed in below
-      float dd[16];
       for (int r = 0; r < 16; r++) {
         const uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
-        if (words) pack_quants_words(qtype, blk, r, o);
-        else unpack8_portable(qtype, blk, u[r], s, dd[r]);
-      }
-      for (int r = 0; r < 16; r++) {
-        const uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
+        pack_quants_words(qtype, blk, r, o);
         if (qtype == Q6_K) {
           const int8_t* s6 = (const int8_t*)(blk + 192);
           for (int j = 0; j < 16; j++) o[3072 + 16 * j + r] = (uint8_t)s6[j];
           std::memcpy(o + 3328 + 2 * r, blk + 208, 2);
-          if (words) continue;
-          for (int j = 0; j < 16; j++)
-            for (int v = 0; v < 3; v++)
-              for (int i = 0; i < 4; i++)
-                o[(3 * j + v) * 64 + 4 * r + i] =
-                    (uint8_t)(u[r][16 * j + 4 * v + i] | ((u[r][16 * j + 12 + i] >> (2 * v)) & 3) << 6);
         } else {
-          const int64_t h5 = high5(qtype);
           int16_t sc[8];
           int32_t mn[8];
           kquant_scales(blk + 4, sc, mn);
@@ -2263,14 +2251,6 @@ void pack_rows(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_
           }
           std::memcpy(o + h5 + 2304 + 2 * r, blk, 2);
           std::memcpy(o + h5 + 2336 + 2 * r, blk + 2, 2);
-          if (words) continue;
-          for (int j = 0; j < 8; j++)
-            for (int t = 0; t < 4; t++)
-              for (int i = 0; i < 4; i++) {
-                const uint8_t a = u[r][32 * j + 8 * t + i], b = u[r][32 * j + 8 * t + 4 + i];  // quads 8j + 2t, + 1
-                o[(4 * j + t) * 64 + 4 * r + i] = (uint8_t)((a & 15) | (b & 15) << 4);
-                if (h5) o[2048 + 64 * j + 4 * r + i] |= (uint8_t)((a >> 4) << (2 * t) | (b >> 4) << (2 * t + 1));
-              }
         }
       }
     }
