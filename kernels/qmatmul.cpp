@@ -2116,6 +2116,14 @@ constexpr Fields32 fields32(int64_t qtype) {
                        : Fields32{-1, -1, 2};  // Q8_0, Q4_0
 }
 
+// The four bytes at p as one word, read and written
+inline uint32_t rd32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline void wr32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
 // A 32-element type's rows [16·b0, 16·b1) into out [N / 16][K / 32][packed_bytes] (pack_rows), or back (unpack_rows)
 void pack_rows32(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
   const int64_t groups = K / 32, gb = packed_bytes(qtype), at = d_at32(qtype);
@@ -2124,32 +2132,29 @@ void pack_rows32(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int6
   for (int64_t b = b0; b < b1; b++)
     for (int64_t g = 0; g < groups; g++) {
       uint8_t* o = out + (b * groups + g) * gb;
-      if (five32(qtype)) std::memset(o + 256, 0, 64);  // the fifth bits, or-ed in below
       for (int r = 0; r < 16; r++) {
         const uint8_t* blk = w + (16 * b + r) * row_bytes + g * bb;
         std::memcpy(o + at + 2 * r, blk, 2);
         if (f.m >= 0) std::memcpy(o + at + 32 + 2 * r, blk + f.m, 2);
         if (qtype == Q8_0) {
-          for (int t = 0; t < 8; t++)
-            for (int i = 0; i < 4; i++) o[64 * t + 4 * r + i] = (uint8_t)(blk[f.qs + 4 * t + i] ^ 0x80);  // q + 128
+          for (int t = 0; t < 8; t++) wr32(o + 64 * t + 4 * r, rd32(blk + f.qs + 4 * t) ^ 0x80808080u);  // q + 128
           continue;
         }
-        uint8_t q[32];  // the unsigned quants, element order (the file: element j and j + 16 share qs[j])
-        for (int j = 0; j < 16; j++) {
-          q[j] = blk[f.qs + j] & 15;
-          q[j + 16] = blk[f.qs + j] >> 4;
+        // quads 2t and 2t + 1 (elements 8t .. 8t + 7) as one word of nibbles, four bytes a step as pack_quants_words:
+        // element j and j + 16 share qs[j], the low nibble and the high
+        for (int t = 0; t < 4; t++) {
+          const uint8_t* q = blk + f.qs + 8 * (t % 2);
+          const int shift = 4 * (t / 2);
+          wr32(o + 64 * t + 4 * r, (rd32(q) >> shift & 0x0F0F0F0Fu) | (rd32(q + 4) >> shift & 0x0F0F0F0Fu) << 4);
         }
-        if (f.qh >= 0) {
-          uint32_t qh;
-          std::memcpy(&qh, blk + f.qh, 4);
-          for (int j = 0; j < 32; j++) q[j] |= (uint8_t)(((qh >> j) & 1) << 4);
-        }
-        for (int t = 0; t < 4; t++)
+        if (f.qh >= 0) {  // element j's fifth bit, bit j of qh, into bit 2t (j = 8t + i) or 2t + 1 (j = 8t + 4 + i) of byte i
+          const uint32_t qh = rd32(blk + f.qh);
           for (int i = 0; i < 4; i++) {
-            const uint8_t lo = q[8 * t + i], hi = q[8 * t + 4 + i];  // quads 2t and 2t + 1
-            o[64 * t + 4 * r + i] = (uint8_t)((lo & 15) | (hi & 15) << 4);
-            if (f.qh >= 0) o[256 + 4 * r + i] |= (uint8_t)((lo >> 4) << (2 * t) | (hi >> 4) << (2 * t + 1));
+            uint8_t v = 0;
+            for (int t = 0; t < 4; t++) v |= (uint8_t)((qh >> (8 * t + i) & 1) << (2 * t) | (qh >> (8 * t + 4 + i) & 1) << (2 * t + 1));
+            o[256 + 4 * r + i] = v;
           }
+        }
       }
     }
 }
@@ -2186,14 +2191,6 @@ void unpack_rows32(const uint8_t* pk, int qtype, int64_t K, int64_t row_bytes, i
       }
     }
 }
-
-// The four bytes at p as one word, read and written
-inline uint32_t rd32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline void wr32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 // Row r's quants of one K-quant block blk into o, pack_rows' form (unpack_rows reads them back), four bytes a step: each
 // byte's arithmetic stays in its byte (nibbles, fifth bits, 6-bit quants and their 2-bit parts), any byte order
