@@ -317,8 +317,8 @@ def load_gguf_causal_lm(spec: str = "embedded", *, role: str = "target", dtype: 
     blocks, on a CPU, read from the file alone: the model built on the meta device (causal_lm.gguf_skeleton), the
     layers that run on blocks given theirs, every other tensor dequantized to `dtype` as transformers' GGUF loader
     does it (the same values as the cached dequantized model's). The embedded target's first run: 13 s, peak RSS
-    2.4 GB, 11 MB cached (through the dequantized copy: 54 s, 5.7 GB, 3.4 GB); later runs 4.8 s (5.9–6.8 s while the
-    blocks were read rather than mapped: gguf_tensors.read_raw), 2.3 GB (that copy,
+    2.4 GB, 11 MB cached (through the dequantized copy: 54 s, 5.7 GB, 3.4 GB); later runs 3.9 s (5.9–6.8 s while the
+    blocks were read rather than mapped, gguf_tensors.read_raw, and packed a byte at a time), 2.3 GB (that copy,
     its embeddings mapped from disk: 6.3 s, 1.9 GB). path: the file (causal_lm.gguf_file), where the caller found it
     already. -> models.LoadedModel, weights "gguf"."""
     import time
