@@ -70,6 +70,21 @@ def test_the_data_starts_at_the_files_alignment(tmp_path, alignment):
     assert path.read_bytes()[start:] == rows.tobytes() and blocks[0, 0] == 99
 
 
+def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
+    head = _header()
+    start = -(-len(head) // 32) * 32
+    rows = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(head + bytes(start - len(head)) + rows.tobytes())
+    (t,) = gguf_tensors.read_tensors(path).values()
+
+    def no_map(*args, **kwargs):
+        raise OSError(19, "No such device")  # what mmap says on a file system that cannot map
+
+    monkeypatch.setattr(gguf_tensors.mmap, "mmap", no_map)
+    assert np.array_equal(gguf_tensors.read_blocks(path, t), rows)
+
+
 def test_a_bad_file_is_one_line(tmp_path):
     path = tmp_path / "m.gguf"
     for data, words in [(b"GGML" + bytes(40), "no GGUF magic"), (_header(version=1), "GGUF version 1"),

@@ -200,7 +200,8 @@ def read_raw(path: str | Path, t: GgufTensor) -> np.ndarray:
     goes to a private copy (the file is never written). A model's blocks are packed at load (models/gguf_linear.py),
     so most mappings live only that long; the embedded target's 1.0 GB of blocks were read into fresh memory in
     1.2–1.6 s of its 5.9 s load (AMD EPYC, 2 threads), and held beside their packed form until then. A file cut
-    short or replaced in place while mapped would fault: the models specdec caches are written whole, then renamed."""
+    short or replaced in place while mapped would fault: the models specdec caches are written whole, then renamed.
+    Where the file system cannot map a file, its bytes are read."""
     row = _row_bytes(t)
     if row is None:
         import gguf
@@ -214,7 +215,10 @@ def read_raw(path: str | Path, t: GgufTensor) -> np.ndarray:
             raise SpecdecError(f"'{path}' ends inside tensor {t.name}: the file is cut short")
         if size == 0:
             return np.zeros((*reversed(t.dims[1:]), row), dtype=np.uint8)
-        m = mmap.mmap(f.fileno(), t.start + size - first, offset=first, access=mmap.ACCESS_COPY)
+        try:
+            m = mmap.mmap(f.fileno(), t.start + size - first, offset=first, access=mmap.ACCESS_COPY)
+        except OSError:  # a file system that cannot map a file: its bytes read instead
+            return np.fromfile(f, dtype=np.uint8, count=size, offset=t.start).reshape(*reversed(t.dims[1:]), row)
     out = np.frombuffer(m, dtype=np.uint8, count=size, offset=t.start - first)  # holds m: unmapped with the last view
     return out.reshape(*reversed(t.dims[1:]), row)
 
