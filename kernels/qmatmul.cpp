@@ -2147,12 +2147,12 @@ void pack_rows32(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int6
           const int shift = 4 * (t / 2);
           wr32(o + 64 * t + 4 * r, (rd32(q) >> shift & 0x0F0F0F0Fu) | (rd32(q + 4) >> shift & 0x0F0F0F0Fu) << 4);
         }
-        if (f.qh >= 0) {  // element j's fifth bit, bit j of qh, into bit 2t (j = 8t + i) or 2t + 1 (j = 8t + 4 + i) of byte i
-          const uint32_t qh = rd32(blk + f.qh);
+        if (f.qh >= 0) {  // element j's fifth bit, bit j of qh, to bit 2t (j = 8t + i) or 2t + 1 (j = 8t + 4 + i)
+          const uint32_t qh = rd32(blk + f.qh);  // of byte i
           for (int i = 0; i < 4; i++) {
-            uint8_t v = 0;
-            for (int t = 0; t < 4; t++) v |= (uint8_t)((qh >> (8 * t + i) & 1) << (2 * t) | (qh >> (8 * t + 4 + i) & 1) << (2 * t + 1));
-            o[256 + 4 * r + i] = v;
+            uint32_t v = 0;
+            for (int t = 0; t < 4; t++) v |= (qh >> (8 * t + i) & 1) << 2 * t | (qh >> (8 * t + 4 + i) & 1) << 2 * t << 1;
+            o[256 + 4 * r + i] = (uint8_t)v;
           }
         }
       }
