@@ -181,8 +181,7 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
     try:
         for threads, group in itertools.groupby(task_settings(config), key=lambda s: s.threads):
             torch.set_num_threads(threads)
-            first_of_group = True  # the --peers tools run in its rounds, beside the target alone
-            for setting in group:
+            for i, setting in enumerate(group):
                 target, draft = r.load_pair(setting.options.replace(mode=config.modes[0]), progress=False)
 
                 def decode(c: Contender, short: bool, opts=setting.options, target=target, draft=draft):
@@ -197,8 +196,8 @@ def run_task(config, progress: Progress | None = None) -> list[TaskRecord]:
 
                 first = setting.target != previous
                 previous = setting.target
-                beside = peer_runs(config, inputs, refs, threads) if first_of_group else []
-                first_of_group = False
+                # the --peers tools in the rounds of the group's first setting, beside the target alone
+                beside = peer_runs(config, inputs, refs, threads) if i == 0 else []
                 records += run_contenders(config, contenders_of(config, autoregressive=first), decode, refs,
                                           progress, peers=beside, threads=threads, draft=setting.draft,
                                           target_int8=setting.target_int8, encoder_int8=setting.encoder_int8)
