@@ -208,19 +208,16 @@ def read_raw(path: str | Path, t: GgufTensor) -> np.ndarray:
 
         raise SpecdecError(f"'{path}': tensor {t.name} has GGML type {t.type_id}, which gguf "
                            f"{getattr(gguf, '__version__', '')} does not know")
-    size = t.rows * row
+    shape, size = (*reversed(t.dims[1:]), row), t.rows * row
     first = t.start - t.start % mmap.ALLOCATIONGRANULARITY  # a mapping starts at a multiple of it
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size < t.start + size:
             raise SpecdecError(f"'{path}' ends inside tensor {t.name}: the file is cut short")
-        if size == 0:
-            return np.zeros((*reversed(t.dims[1:]), row), dtype=np.uint8)
         try:
             m = mmap.mmap(f.fileno(), t.start + size - first, offset=first, access=mmap.ACCESS_COPY)
-        except OSError:  # a file system that cannot map a file: its bytes read instead
-            return np.fromfile(f, dtype=np.uint8, count=size, offset=t.start).reshape(*reversed(t.dims[1:]), row)
-    out = np.frombuffer(m, dtype=np.uint8, count=size, offset=t.start - first)  # holds m: unmapped with the last view
-    return out.reshape(*reversed(t.dims[1:]), row)
+        except (OSError, ValueError):  # a file system that cannot map a file, or no bytes to map: read instead
+            return np.fromfile(f, dtype=np.uint8, count=size, offset=t.start).reshape(shape)
+    return np.frombuffer(m, dtype=np.uint8, count=size, offset=t.start - first).reshape(shape)  # holds m while viewed
 
 
 def read_blocks(path: str | Path, t: GgufTensor) -> np.ndarray:
