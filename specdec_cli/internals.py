@@ -374,6 +374,32 @@ def dynamic_int8_linear(linear):
         return torch.ao.nn.quantized.dynamic.Linear.from_float(linear)
 
 
+# ----------------------------------------------------------------------------------------------------
+# llama-cpp-python (an optional peer of the bench)
+
+
+@contextlib.contextmanager
+def llama_without_extra_buffers():
+    """Llama() made inside the block loads its weights without llama.cpp's extra buffer types (its AMX and repacked
+    weights: what `--no-repack` turns off in llama.cpp's own CLI). Relies on: Llama.__init__ taking its model
+    parameters from llama_cpp.llama_cpp.llama_model_default_params() at the call (llama-cpp-python 0.3.36), and
+    their field use_extra_bufts."""
+    import llama_cpp.llama_cpp as low
+
+    default = low.llama_model_default_params
+
+    def params():
+        out = default()
+        out.use_extra_bufts = False
+        return out
+
+    low.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
 def check() -> list[str]:
     """What has moved: one line per internal this module relies on and cannot find (empty: all there)."""
     import importlib

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specdec_cli import internals
 from specdec_cli.bench.contenders import Run, TaskRecord, score_quality
 from specdec_cli.bench.machine import PeakMemory
 from specdec_cli.drafts import model_draft, spec
@@ -218,8 +219,11 @@ def llama_cpp_runs(opts, articles: list, references: list[str] | None, *, thread
     tok, eos = loaded.tokenizer, eos_ids(loaded)
     prompts = task.encode(tok, loaded.model, articles, opts.max_new_tokens, opts.truncate, opts.max_input_tokens)
     del loaded
-    llm = Llama(model_path=str(_gguf_of(opts.target)), n_ctx=max(map(len, prompts)) + opts.max_new_tokens + 8,
-                n_threads=threads, n_threads_batch=threads, verbose=False)
+    path, n_ctx = str(_gguf_of(opts.target)), max(map(len, prompts)) + opts.max_new_tokens + 8
+    extra = _extra_buffers_run(path, max(prompts, key=len), n_ctx, threads)
+    with contextlib.nullcontext() if extra else internals.llama_without_extra_buffers():
+        llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    label = "llama.cpp" if extra else "llama.cpp no-repack"
 
     def run(ids: list[int], new_tokens: int) -> tuple[list[int], float, float]:
         """(new tokens through the first EOS, seconds to the first token, seconds in all)."""
@@ -240,11 +244,36 @@ def llama_cpp_runs(opts, articles: list, references: list[str] | None, *, thread
         wall, prefill = sum(r[2] for r in runs), sum(r[1] for r in runs)
         tokens = sum(len(r[0]) for r in runs)
         texts = [task.summary_text(tok, r[0], eos) for r in runs]
-        return _record("summarize", "llama.cpp", texts, tokens, wall, mib, references, threads, "llama.cpp",
+        return _record("summarize", label, texts, tokens, wall, mib, references, threads, "llama.cpp",
                        target_ms_per_forward=1e3 * (wall - prefill) / (tokens - len(runs)) if tokens > len(runs) else None,
                        prefill_s=prefill, input_wall_s=[r[2] for r in runs])
 
-    return [Run("llama.cpp", lambda: run(prompts[0], 2), once, record)]
+    return [Run(label, lambda: run(prompts[0], 2), once, record)]
+
+
+# A child that loads the GGUF as llama.cpp does by default and evaluates one prompt (argv: path, n_ctx, threads, ids)
+_PROBE = """import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=int(sys.argv[3]), n_threads_batch=int(sys.argv[3]),
+            verbose=False)
+llm.eval([int(t) for t in sys.argv[4].split(",")])
+"""
+
+
+def _extra_buffers_run(path: str, ids: list[int], n_ctx: int, threads: int) -> bool:
+    """Whether llama.cpp evaluates the prompt `ids` with its extra buffer types (its default: AMX or repacked weights
+    where the CPU has them) without crashing, tried in a process of its own. Its AMX product segfaulted on the
+    AMX Xeon of the thirty-eighth session (llama.cpp issue 20824); a llama.cpp user there runs `--no-repack`, and so
+    does the bench, saying so in one line and in the record's mode."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _PROBE, path, str(n_ctx), str(threads), ",".join(map(str, ids))],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if done.returncode != 0:
+        print(f"--peers llama.cpp: its default weights (extra buffer types: AMX, repacking) crashed on this CPU (exit "
+              f"code {done.returncode}): it runs without them (--no-repack)", file=sys.stderr)
+    return done.returncode == 0
 
 
 def served(name: str, *args, threads: int, device: str = "cpu", **kwargs) -> list[Run]:
