@@ -308,15 +308,19 @@ def test_llama_cpp_needs_a_gguf_target(monkeypatch, tiny_llama_dir):
 
 
 def test_llama_cpp_runs_without_its_extra_buffers_where_they_crash(monkeypatch, capsys):
-    """The probe's child crashing (a segfault, as llama.cpp's AMX product did on an AMX Xeon) sends llama.cpp to its
-    plain weights with one line; a child that ends well keeps its defaults."""
+    """The probe's child killed by a signal (a segfault, as llama.cpp's AMX product was on an AMX Xeon) sends
+    llama.cpp to its plain weights with one line; a child that ends, well or with an error, keeps its defaults."""
     from specdec_cli.bench import peers
 
-    monkeypatch.setattr(peers, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    segfault = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(peers, "_PROBE", segfault)
     assert peers._extra_buffers_run("model.gguf", [1, 2], 16, 1) is False
     line = capsys.readouterr().err
-    assert line.count("\n") == 1 and "crashed" in line and "--no-repack" in line
-    monkeypatch.setattr(peers, "_PROBE", "import sys; assert sys.argv[1:] == ['model.gguf', '16', '1', '1,2']")
+    assert line.count("\n") == 1 and "crashed" in line and "SIGSEGV" in line and "--no-repack" in line
+    # its arguments: the file, the context, the threads, the prompt's ids (a segfault where they differ)
+    monkeypatch.setattr(peers, "_PROBE", f"import sys\nif sys.argv[1:] != ['model.gguf', '16', '1', '1,2']: {segfault}")
+    assert peers._extra_buffers_run("model.gguf", [1, 2], 16, 1) is True
+    monkeypatch.setattr(peers, "_PROBE", "raise SystemExit(1)")
     assert peers._extra_buffers_run("model.gguf", [1, 2], 16, 1) is True
     assert capsys.readouterr().err == ""
 

@@ -262,18 +262,21 @@ llm.eval([int(t) for t in sys.argv[4].split(",")])
 
 def _extra_buffers_run(path: str, ids: list[int], n_ctx: int, threads: int) -> bool:
     """Whether llama.cpp evaluates the prompt `ids` with its extra buffer types (its default: AMX or repacked weights
-    where the CPU has them) without crashing, tried in a process of its own. Its AMX product segfaulted on the
-    AMX Xeon of the thirty-eighth session (llama.cpp issue 20824); a llama.cpp user there runs `--no-repack`, and so
-    does the bench, saying so in one line and in the record's mode."""
+    where the CPU has them) without being killed by a signal, tried in a process of its own (one more load and
+    prompt). Its AMX product segfaulted on the AMX Xeon of the thirty-eighth session (llama.cpp issue 20824); a
+    llama.cpp user there runs `--no-repack`, and so does the bench, saying so in one line and in the record's mode.
+    Any other failure keeps the defaults: the load that follows says what it is."""
+    import signal
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", _PROBE, path, str(n_ctx), str(threads), ",".join(map(str, ids))],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if done.returncode != 0:
-        print(f"--peers llama.cpp: its default weights (extra buffer types: AMX, repacking) crashed on this CPU (exit "
-              f"code {done.returncode}): it runs without them (--no-repack)", file=sys.stderr)
-    return done.returncode == 0
+    if done.returncode >= 0:
+        return True
+    print(f"--peers llama.cpp: its default weights (extra buffer types: AMX, repacking) crashed on this CPU "
+          f"({signal.Signals(-done.returncode).name}): it runs without them (--no-repack)", file=sys.stderr)
+    return False
 
 
 def served(name: str, *args, threads: int, device: str = "cpu", **kwargs) -> list[Run]:
