@@ -57,10 +57,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "aligned64.h"  // Aligned64
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -1782,19 +1783,6 @@ void dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K, torch::Ten
 // groups. Twice the products an instruction of mm's pairs (vpmaddubsw,
 // vpdpwssd), which suit a few rows but not hundreds. Its float order is not mm's: a prompt's rows go through it
 // alone, and every mode prefills the same way.
-
-// std::allocator's, 64-byte aligned: a 64-byte load of the buffer's rows crosses no cache line
-template <typename T>
-struct Aligned64 {
-  using value_type = T;
-  Aligned64() = default;
-  template <typename U>
-  Aligned64(const Aligned64<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  bool operator==(const Aligned64&) const { return true; }
-  bool operator!=(const Aligned64&) const { return false; }
-};
 
 struct Packed {  // weight rows n0 .. n0 + 16 of a call
   std::vector<uint8_t, Aligned64<uint8_t>> q;  // [K / 4][16][4]: 4 quants of each row in turn (Q6_K: q − 32, signed)

@@ -30,9 +30,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <vector>
 
+#include "aligned64.h"  // Aligned64
 #include "simd16.h"  // V, vset, vload, vfma, vsum, ...
 
 namespace {
@@ -243,19 +243,6 @@ template <typename TK>
   vsum_block(acc, s);
 }
 #endif
-
-// Vectors on 64-byte boundaries: a zmm load that straddles two cache lines costs two (unaligned, the dots of
-// dots_block ran at half speed)
-template <typename T>
-struct Aligned64 {
-  using value_type = T;
-  Aligned64() = default;
-  template <typename U> Aligned64(const Aligned64<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  template <typename U> bool operator==(const Aligned64<U>&) const { return true; }
-  template <typename U> bool operator!=(const Aligned64<U>&) const { return false; }
-};
 
 // One thread's buffers for a group of M members (query rows) over S keys, kept from group to group; a member's
 // rows of s, qf and o start on 64-byte boundaries when S and D are multiples of 16
