@@ -54,14 +54,20 @@ def _header(version=3, alignment=None) -> bytes:
     return b"GGUF" + struct.pack("<IQQ", version, 1, len(kv)) + b"".join(kv) + tensor
 
 
-@pytest.mark.parametrize("alignment", [None, 64])
-def test_the_data_starts_at_the_files_alignment(tmp_path, alignment):
+def _one_tensor_file(tmp_path, alignment=None):
+    """(path, where its tensor's data starts, the data [2, 34]) of a GGUF file of _header's one Q8_0 tensor."""
     head = _header(alignment=alignment)
     align = alignment or 32
     start = -(-len(head) // align) * align
     rows = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)
     path = tmp_path / "m.gguf"
     path.write_bytes(head + bytes(start - len(head)) + rows.tobytes())
+    return path, start, rows
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_the_data_starts_at_the_files_alignment(tmp_path, alignment):
+    path, start, rows = _one_tensor_file(tmp_path, alignment)
     (t,) = gguf_tensors.read_tensors(path).values()
     assert (t.name, t.type_id, t.dims, t.start, t.rows) == ("blk.0.w.weight", 8, (32, 2), start, 2)
     blocks = gguf_tensors.read_blocks(path, t)
@@ -71,11 +77,7 @@ def test_the_data_starts_at_the_files_alignment(tmp_path, alignment):
 
 
 def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
-    head = _header()
-    start = -(-len(head) // 32) * 32
-    rows = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)
-    path = tmp_path / "m.gguf"
-    path.write_bytes(head + bytes(start - len(head)) + rows.tobytes())
+    path, _, rows = _one_tensor_file(tmp_path)
     (t,) = gguf_tensors.read_tensors(path).values()
 
     def no_map(*args, **kwargs):
