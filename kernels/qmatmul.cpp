@@ -2126,6 +2126,11 @@ inline uint32_t rd32(const uint8_t* p) {
 }
 inline void wr32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
+// Two quads of nibbles as one word: byte i the nibble at `shift` (0: low, 4: high) of q[i] low, of q[4 + i] high
+inline uint32_t nibble_quads(const uint8_t* q, int shift) {
+  return (rd32(q) >> shift & 0x0F0F0F0Fu) | (rd32(q + 4) >> shift & 0x0F0F0F0Fu) << 4;
+}
+
 // A 32-element type's rows [16·b0, 16·b1) into out [N / 16][K / 32][packed_bytes] (pack_rows), or back (unpack_rows)
 void pack_rows32(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* out) {
   const int64_t groups = K / 32, gb = packed_bytes(qtype), at = d_at32(qtype);
@@ -2142,13 +2147,9 @@ void pack_rows32(const uint8_t* w, int qtype, int64_t K, int64_t row_bytes, int6
           for (int t = 0; t < 8; t++) wr32(o + 64 * t + 4 * r, rd32(blk + f.qs + 4 * t) ^ 0x80808080u);  // q + 128
           continue;
         }
-        // quads 2t and 2t + 1 (elements 8t .. 8t + 7) as one word of nibbles, four bytes a step as pack_quants_words:
+        // quads 2t and 2t + 1 (elements 8t .. 8t + 7) as one word of nibbles (nibble_quads, as pack_quants_words):
         // element j and j + 16 share qs[j], the low nibble and the high
-        for (int t = 0; t < 4; t++) {
-          const uint8_t* q = blk + f.qs + 8 * (t % 2);
-          const int shift = 4 * (t / 2);
-          wr32(o + 64 * t + 4 * r, (rd32(q) >> shift & 0x0F0F0F0Fu) | (rd32(q + 4) >> shift & 0x0F0F0F0Fu) << 4);
-        }
+        for (int t = 0; t < 4; t++) wr32(o + 64 * t + 4 * r, nibble_quads(blk + f.qs + 8 * (t % 2), 4 * (t / 2)));
         if (f.qh >= 0) {  // element j's fifth bit, bit j of qh, to bit 2t (j = 8t + i) or 2t + 1 (j = 8t + 4 + i)
           const uint32_t qh = rd32(blk + f.qh);  // of byte i
           for (int i = 0; i < 4; i++) {
@@ -2206,8 +2207,7 @@ void pack_quants_words(int qtype, const uint8_t* blk, int r, uint8_t* o) {
       const uint8_t* q = qs + 32 * (sub / 2);
       uint32_t fifth = 0;  // Q5_K: bit sub of qh[l], as bits 2t (a) and 2t + 1 (b) of the slot's bytes
       for (int t = 0; t < 4; t++) {
-        const uint32_t a = rd32(q + 8 * t) >> shift & LO4, b = rd32(q + 8 * t + 4) >> shift & LO4;
-        wr32(o + (4 * j + t) * 64 + 4 * r, a | b << 4);
+        wr32(o + (4 * j + t) * 64 + 4 * r, nibble_quads(q + 8 * t, shift));
         if (five) fifth |= (rd32(qh + 8 * t) >> sub & LO1) << 2 * t | (rd32(qh + 8 * t + 4) >> sub & LO1) << (2 * t + 1);
       }
       if (five) wr32(o + 2048 + 64 * j + 4 * r, fifth);
